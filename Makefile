@@ -1,0 +1,101 @@
+# microbatch — the two commands are `make demo` and `make test`; both set up what they need.
+# Everything downloaded or generated lives in .venv/ and .local/ (git-ignored).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.9
+STAMP := $(VENV)/.installed
+
+export MICROBATCH_HOME ?= $(CURDIR)/.local
+export AIRFLOW_HOME ?= $(CURDIR)/.local/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export PYSPARK_PYTHON := $(BIN)/python
+export PYSPARK_DRIVER_PYTHON := $(BIN)/python
+export PATH := $(BIN):$(PATH)
+
+.PHONY: all venv tools jars setup test test-unit lint format demo airflow \
+        stack-up stack-down stack-status bench lock clean
+
+all: venv
+
+## ---- set-up (idempotent) -------------------------------------------------------------
+
+tools:
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
+	  { echo "error: need Python 3.11 (found $$($(PYTHON) --version)); set PYTHON=python3.11" >&2; exit 1; }
+	@command -v java >/dev/null || { echo "error: java not found (Kafka and Spark need it): apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
+	@command -v mvn >/dev/null || { echo "error: mvn not found (it fetches the Kafka jars): apt-get install -y maven" >&2; exit 1; }
+
+venv: $(STAMP)
+
+# Re-runs only when the lock or the library's metadata changed.
+$(STAMP): requirements.lock libs/microbatch/pyproject.toml | tools
+	@echo "==> Python environment (.venv) from requirements.lock"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock -e libs/microbatch
+	@touch $@
+
+jars: venv
+	@$(BIN)/python -c 'from microbatch.localstack.kafka import ensure_jars; from microbatch.settings import Settings; print("==> Kafka jars in", ensure_jars(Settings.from_env().home_path))'
+
+$(AIRFLOW_HOME)/airflow.db: $(STAMP)
+	@echo "==> airflow db migrate ($(AIRFLOW_HOME))"
+	@mkdir -p $(AIRFLOW_HOME)
+	@$(BIN)/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
+
+setup: venv jars $(AIRFLOW_HOME)/airflow.db
+
+## ---- the two commands --------------------------------------------------------------
+
+test: setup
+	@echo "==> ruff"
+	@$(BIN)/ruff check libs dags plugins jobs tests bench
+	@echo "==> pytest (unit, then integration on real Kafka/SeaweedFS/Spark, then Airflow)"
+	@$(BIN)/pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	@$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+demo: setup
+	@$(BIN)/python -m microbatch.demo --job jobs/smoke.py
+
+## ---- services ----------------------------------------------------------------------
+
+airflow: setup
+	@$(BIN)/python -m microbatch.localstack.airflow
+
+stack-up: jars
+	@$(BIN)/microbatch-stack up
+
+stack-down: venv
+	@$(BIN)/microbatch-stack down
+
+stack-status: venv
+	@$(BIN)/microbatch-stack status
+
+## ---- maintenance ---------------------------------------------------------------------
+
+lint: venv
+	@$(BIN)/ruff check libs dags plugins jobs tests bench
+	@$(BIN)/ruff format --check libs dags plugins jobs tests bench
+
+format: venv
+	@$(BIN)/ruff format libs dags plugins jobs tests bench
+	@$(BIN)/ruff check --fix libs dags plugins jobs tests bench
+
+bench: setup
+	@for b in bench/bench_*.py; do echo "==> $$b"; $(BIN)/python $$b || exit 1; done
+
+# Regenerate the exact pins after editing requirements.in.
+lock: venv
+	@$(BIN)/uv pip compile -q --python-version 3.11 requirements.in -o requirements.lock
+	@echo "requirements.lock updated; run make venv"
+
+clean: stack-down
+	rm -rf $(MICROBATCH_HOME)/stack $(MICROBATCH_HOME)/demo.log

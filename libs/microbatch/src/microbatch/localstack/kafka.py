@@ -1,0 +1,201 @@
+"""Apache Kafka (KRaft, one combined broker+controller) from Maven Central jars.
+
+The jars are resolved with ``mvn dependency:copy-dependencies`` from the POM shipped next
+to this module (``kafka_2.13`` plus the log4j2 binding its POM leaves out) into
+``$MICROBATCH_HOME/kafka/libs-<version>``. Storage is formatted once with
+``kafka.tools.StorageTool format --standalone``; the broker then runs ``kafka.Kafka``.
+Internal topics (offsets, transaction state, share-coordinator state) use replication
+factor 1 so transactions work on a single node.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import uuid
+from importlib import resources
+from pathlib import Path
+
+from microbatch.errors import ServiceError
+from microbatch.localstack.process import ServiceProcess, port_is_free, tail
+from microbatch.settings import Settings
+
+KAFKA_VERSION = "4.1.1"
+CONTROLLER_PORT_OFFSET = 1
+
+_LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.apache.name = org.apache.kafka
+logger.apache.level = warn
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = info
+"""
+
+
+def java_binary() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home, "bin", "java") if java_home else None
+    found = str(candidate) if candidate and candidate.exists() else shutil.which("java")
+    if not found:
+        raise ServiceError(
+            "Kafka: `java` was not found (JAVA_HOME unset or wrong, nothing on PATH). "
+            "Install Java 17+, e.g. `apt-get install -y openjdk-17-jre-headless`."
+        )
+    return found
+
+
+def broker_port(settings: Settings) -> int:
+    first = settings.kafka_bootstrap_servers.split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    if host not in ("127.0.0.1", "localhost"):
+        raise ServiceError(
+            f"Kafka: MICROBATCH_KAFKA_BOOTSTRAP_SERVERS={settings.kafka_bootstrap_servers!r} "
+            "is not on loopback; the local stack only starts a broker on 127.0.0.1. Unset it "
+            "to use the embedded broker, or leave the local stack off for an external cluster."
+        )
+    return int(port)
+
+
+def ensure_jars(home: Path) -> Path:
+    """Resolve the broker's runtime classpath into ``home/kafka/libs-<version>`` (idempotent)."""
+    libs = home / "kafka" / f"libs-{KAFKA_VERSION}"
+    done = libs / ".complete"
+    if done.exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise ServiceError(
+            "Kafka: Maven (`mvn`) is not on PATH; it fetches the Kafka jars from Maven "
+            "Central. Install it, e.g. `apt-get install -y maven`."
+        )
+    libs.mkdir(parents=True, exist_ok=True)
+    pom = resources.files("microbatch.localstack").joinpath("kafka-pom.xml")
+    with resources.as_file(pom) as pom_path:
+        cmd = [
+            mvn, "-B", "-q", "-f", str(pom_path),
+            f"-Dkafka.version={KAFKA_VERSION}",
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={libs}",
+        ]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not any(libs.glob("kafka_2.13-*.jar")):
+        output = (result.stdout + result.stderr).strip().splitlines()[-12:]
+        raise ServiceError(
+            f"Kafka: could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION} from Maven "
+            "Central with mvn (is the repository reachable? a proxy in ~/.m2/settings.xml?).\n"
+            + "\n".join("    " + line for line in output)
+        )
+    done.write_text(KAFKA_VERSION)
+    return libs
+
+
+def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
+    return f"""\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={log_dir}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=5
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=5
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.cleaner.backoff.ms=1000
+"""
+
+
+def _kafka_uuid() -> str:
+    """A cluster id in Kafka's format: URL-safe base64 of 16 random bytes, no padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _broker_answers(bootstrap: str) -> bool:
+    from kafka import KafkaAdminClient  # local import: keep the stack CLI light
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    try:
+        admin.describe_cluster()
+    finally:
+        admin.close()
+    return True
+
+
+class KafkaBroker:
+    """Start/stop one KRaft broker for ``settings`` with data under ``workdir``."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.process = ServiceProcess("kafka", workdir)
+
+    def _format(self, java: str, classpath: str, config: Path, data: Path) -> None:
+        if (data / "meta.properties").exists():
+            return
+        cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
+               "-t", _kafka_uuid(), "-c", str(config)]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ServiceError(
+                f"Kafka: formatting KRaft storage in {data} failed (exit {result.returncode}):\n"
+                f"    {(result.stdout + result.stderr).strip()[-1500:]}"
+            )
+
+    def start(self, timeout: float = 90.0) -> None:
+        if self.process.pid() is not None:
+            return
+        port = broker_port(self.settings)
+        controller_port = port + CONTROLLER_PORT_OFFSET
+        taken = [p for p in (port, controller_port) if not port_is_free(p)]
+        if taken:
+            raise ServiceError(
+                f"Kafka: port(s) {taken} on 127.0.0.1 are in use (the broker needs {port} and "
+                f"its controller {controller_port}). Stop whatever holds them (`make "
+                "stack-down` if it is an old stack), or choose another port in "
+                "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS."
+            )
+        java = java_binary()
+        libs = ensure_jars(self.settings.home_path)
+        classpath = f"{libs}/*"
+        data = self.workdir / "data"
+        config = self.workdir / "server.properties"
+        log4j = self.workdir / "log4j2.properties"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config.write_text(server_properties(port, controller_port, data))
+        log4j.write_text(_LOG4J2)
+        self._format(java, classpath, config, data)
+        argv = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
+                f"-Dlog4j2.configurationFile={log4j}", "-Djava.awt.headless=true",
+                "-cp", classpath, "kafka.Kafka", str(config)]  # fmt: skip
+        self.process.start(
+            argv,
+            ready=lambda: _broker_answers(f"127.0.0.1:{port}"),
+            timeout=timeout,
+            hint=f"See {self.process.log_path}; `make stack-down` clears an old stack.",
+        )
+
+    def stop(self) -> bool:
+        return self.process.stop()
+
+    def log_tail(self) -> str:
+        return tail(self.process.log_path)

@@ -1,0 +1,51 @@
+"""Build the ``spark-submit`` command for a job, the same way for the CLI, demo and Airflow.
+
+The master comes from the settings (``MICROBATCH_SPARK_MASTER``); the settings themselves
+travel to the driver as ``MICROBATCH_*`` environment variables, so the job reads exactly
+what the caller resolved (including values taken from Airflow connections).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from microbatch.errors import ConfigError
+from microbatch.settings import Settings
+
+
+def spark_submit_binary() -> str:
+    local = Path(sys.executable).parent / "spark-submit"
+    found = str(local) if local.exists() else shutil.which("spark-submit")
+    if not found:
+        raise ConfigError(
+            "spark-submit not found next to this Python or on PATH: install pyspark "
+            "(`make venv`) or a Spark distribution and put its bin/ on PATH"
+        )
+    return found
+
+
+def spark_submit_command(
+    settings: Settings,
+    job: str | Path,
+    job_args: Sequence[str] = (),
+    conf: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)`` to run ``job`` with spark-submit against ``settings.spark_master``."""
+    job = Path(job)
+    if not job.exists():
+        raise ConfigError(f"Spark job {job} does not exist")
+    argv = [spark_submit_binary(), "--master", settings.spark_master]
+    if settings.spark_master.startswith("local"):
+        argv += ["--conf", "spark.driver.host=127.0.0.1"]
+    for key, value in (conf or {}).items():
+        argv += ["--conf", f"{key}={value}"]
+    argv += [str(job), *job_args]
+    env = dict(os.environ)
+    env.update(settings.to_env())
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return argv, env

@@ -1,0 +1,90 @@
+"""Session-wide fixtures: one Kafka broker, one SeaweedFS, one SparkSession per test run.
+
+Services start lazily, only when a test asks for them, on free loopback ports, with data
+in a temporary folder; they stop when the run ends. To run the suite against services you
+already have (a real cluster, AWS S3), export ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` and/or
+``MICROBATCH_S3_ENDPOINT_URL`` (plus keys and bucket): the fixtures then start nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from microbatch.localstack import KafkaBroker, SeaweedFS
+from microbatch.localstack.process import free_port_block
+from microbatch.localstack.seaweedfs import ALL_OFFSETS
+from microbatch.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+EXTERNAL_KAFKA = "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ
+EXTERNAL_S3 = "MICROBATCH_S3_ENDPOINT_URL" in os.environ
+
+
+@pytest.fixture(scope="session")
+def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def test_settings() -> Settings:
+    """Settings for this run: external services from the env, else free loopback ports."""
+    overrides: dict[str, str] = {"home": os.environ.get("MICROBATCH_HOME", str(REPO / ".local"))}
+    if not EXTERNAL_KAFKA:
+        port = free_port_block([0, 1])
+        overrides["kafka_bootstrap_servers"] = f"127.0.0.1:{port}"
+    if not EXTERNAL_S3:
+        port = free_port_block(ALL_OFFSETS)
+        overrides["s3_endpoint_url"] = f"http://127.0.0.1:{port}"
+    overrides.setdefault("spark_master", os.environ.get("MICROBATCH_SPARK_MASTER", "local[2]"))
+    return Settings.from_env(**overrides)
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(test_settings: Settings, stack_dir: Path) -> Iterator[Settings]:
+    """Settings whose ``kafka_bootstrap_servers`` answer (a broker started for this run)."""
+    if EXTERNAL_KAFKA:
+        yield test_settings
+        return
+    broker = KafkaBroker(test_settings, stack_dir / "kafka")
+    broker.start()
+    yield test_settings
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_settings(test_settings: Settings, stack_dir: Path) -> Iterator[Settings]:
+    """Settings whose S3 endpoint answers and whose bucket exists."""
+    if EXTERNAL_S3:
+        yield test_settings
+        return
+    store = SeaweedFS(test_settings, stack_dir / "seaweedfs")
+    store.start()
+    yield test_settings
+    store.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_settings(kafka_settings: Settings, s3_settings: Settings) -> Settings:
+    """Both Kafka and S3 are up."""
+    return kafka_settings
+
+
+@pytest.fixture(scope="session")
+def spark(test_settings: Settings):
+    """The one SparkSession of the test run (start-up costs ~10 s)."""
+    from microbatch.spark import spark_session
+
+    session = spark_session(test_settings, app_name="microbatch-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def s3_client(s3_settings: Settings):
+    import boto3
+
+    return boto3.client("s3", **s3_settings.boto3_client_kwargs())

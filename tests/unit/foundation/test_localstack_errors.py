@@ -1,0 +1,65 @@
+"""A service that cannot start says which service and what to do, quickly."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from microbatch import ServiceError, Settings
+from microbatch.localstack import KafkaBroker, SeaweedFS
+from microbatch.localstack.process import free_port_block
+
+
+def test_kafka_on_a_taken_port_names_the_port_and_the_remedy(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        settings = Settings.from_env(env={}, kafka_bootstrap_servers=f"127.0.0.1:{port}")
+
+        with pytest.raises(ServiceError, match=rf"Kafka: port\(s\) \[{port}\]") as err:
+            KafkaBroker(settings, tmp_path).start()
+
+    assert "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in str(err.value)
+
+
+def test_seaweedfs_on_a_taken_port_names_the_port(tmp_path):
+    base = free_port_block([0, 1, 2, 3, 4, 10000, 10001, 10002, 10003, 10004])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base + 2))
+        busy.listen()
+        settings = Settings.from_env(env={}, s3_endpoint_url=f"http://127.0.0.1:{base}")
+
+        with pytest.raises(ServiceError, match=rf"SeaweedFS: port\(s\) \[{base + 2}\]"):
+            SeaweedFS(settings, tmp_path).start()
+
+
+def test_kafka_without_java_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    port = free_port_block([0, 1])
+    settings = Settings.from_env(env={}, kafka_bootstrap_servers=f"127.0.0.1:{port}")
+
+    with pytest.raises(ServiceError, match=r"java.*not found.*openjdk"):
+        KafkaBroker(settings, tmp_path).start()
+
+
+def test_kafka_without_maven_says_how_to_install_it(tmp_path, monkeypatch):
+    java = __import__("shutil").which("java")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("JAVA_HOME", str(__import__("pathlib").Path(java).resolve().parents[1]))
+    port = free_port_block([0, 1])
+    settings = Settings.from_env(
+        env={}, kafka_bootstrap_servers=f"127.0.0.1:{port}", home=str(tmp_path / "home")
+    )
+
+    with pytest.raises(ServiceError, match=r"Maven.*apt-get install -y maven"):
+        KafkaBroker(settings, tmp_path / "kafka").start()
+
+
+def test_non_loopback_kafka_is_refused_by_the_local_stack(tmp_path):
+    settings = Settings.from_env(env={}, kafka_bootstrap_servers="kafka.prod:9092")
+
+    with pytest.raises(ServiceError, match="not on loopback"):
+        KafkaBroker(settings, tmp_path).start()

@@ -1,0 +1,59 @@
+"""Settings precedence, validation and secret masking."""
+
+from __future__ import annotations
+
+import pytest
+
+from microbatch import ConfigError, Settings
+
+
+def test_defaults_describe_the_embedded_local_stack():
+    settings = Settings.from_env(env={})
+
+    assert settings.kafka_bootstrap_servers == "127.0.0.1:9092"
+    assert settings.s3_endpoint_url == "http://127.0.0.1:8333"
+    assert settings.spark_master == "local[*]"
+
+
+def test_environment_overrides_default_and_argument_overrides_environment():
+    env = {"MICROBATCH_S3_BUCKET": "from-env", "MICROBATCH_SPARK_MASTER": "spark://h:7077"}
+
+    settings = Settings.from_env(env=env, s3_bucket="from-arg")
+
+    assert settings.s3_bucket == "from-arg"
+    assert settings.spark_master == "spark://h:7077"
+
+
+def test_empty_endpoint_means_the_aws_default_endpoint():
+    settings = Settings.from_env(env={"MICROBATCH_S3_ENDPOINT_URL": ""})
+
+    assert "endpoint_url" not in settings.boto3_client_kwargs()
+    assert "endpoint_override" not in settings.pyarrow_s3_kwargs()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("MICROBATCH_KAFKA_BOOTSTRAP_SERVERS", "broker-without-port", "expected host:port"),
+        ("MICROBATCH_S3_ENDPOINT_URL", "ftp://x", r"http\(s\)://"),
+        ("MICROBATCH_S3_BUCKET", "ab", r"3\+ characters"),
+    ],
+)
+def test_invalid_value_is_rejected_with_the_variable_and_value(name, value, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        Settings.from_env(env={name: value})
+
+    assert name in str(err.value)
+
+
+def test_unknown_override_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match="kafka_servers"):
+        Settings.from_env(env={}, kafka_servers="x:1")
+
+
+def test_secret_never_appears_in_repr_or_redacted_form():
+    settings = Settings.from_env(env={"MICROBATCH_S3_SECRET_ACCESS_KEY": "hunter2-secret"})
+
+    assert "hunter2-secret" not in repr(settings)
+    assert "hunter2-secret" not in str(settings.redacted())
+    assert settings.to_env()["MICROBATCH_S3_SECRET_ACCESS_KEY"] == "hunter2-secret"
