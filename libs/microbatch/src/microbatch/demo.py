@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from microbatch.errors import MicrobatchError
-from microbatch.localstack import LocalStack
+from microbatch.localstack import LocalStack, stop_on_sigterm
 from microbatch.runner import run_job
 from microbatch.settings import Settings
 
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True, help="path of the spark-submit target")
     parser.add_argument("--events", type=int, default=10_000)
     args = parser.parse_args(argv)
+    stop_on_sigterm()
     settings = Settings.from_env()
     stack = LocalStack(settings)
     external = {

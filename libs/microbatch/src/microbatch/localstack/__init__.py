@@ -6,6 +6,8 @@ settings at external services and never starts this.
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 from microbatch.errors import ConfigError
@@ -13,7 +15,12 @@ from microbatch.localstack.kafka import KafkaBroker
 from microbatch.localstack.seaweedfs import SeaweedFS
 from microbatch.settings import Settings
 
-__all__ = ["KafkaBroker", "LocalStack", "SeaweedFS"]
+__all__ = ["KafkaBroker", "LocalStack", "SeaweedFS", "stop_on_sigterm"]
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so `finally:` blocks stop the services we started."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 class LocalStack:

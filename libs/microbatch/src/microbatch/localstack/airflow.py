@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from microbatch.errors import MicrobatchError, ServiceError
-from microbatch.localstack import LocalStack
+from microbatch.localstack import LocalStack, stop_on_sigterm
 from microbatch.localstack.process import port_is_free
 from microbatch.settings import Settings
 
@@ -45,6 +45,7 @@ def _admin_password(home: Path) -> str:
 
 
 def main() -> int:
+    stop_on_sigterm()
     settings = Settings.from_env()
     home = Path(os.environ.get("AIRFLOW_HOME", settings.home_path / "airflow"))
     port = int(os.environ.get("AIRFLOW__API__PORT", "8080"))
