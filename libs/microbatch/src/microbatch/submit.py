@@ -8,18 +8,17 @@ what the caller resolved (including values taken from Airflow connections).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from microbatch.errors import ConfigError
+from microbatch.executables import find_executable
 from microbatch.settings import Settings
 
 
 def spark_submit_binary() -> str:
-    local = Path(sys.executable).parent / "spark-submit"
-    found = str(local) if local.exists() else shutil.which("spark-submit")
+    found = find_executable("spark-submit")
     if not found:
         raise ConfigError(
             "spark-submit not found next to this Python or on PATH: install pyspark "

@@ -9,12 +9,11 @@ one number (the port of ``MICROBATCH_S3_ENDPOINT_URL``) decides the whole block.
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 from microbatch.errors import ServiceError
+from microbatch.executables import find_executable
 from microbatch.localstack.process import ServiceProcess, port_is_free
 from microbatch.settings import Settings
 
@@ -25,8 +24,7 @@ ALL_OFFSETS = [o for off in PORT_OFFSETS.values() for o in (off, off + GRPC_OFFS
 
 
 def weed_binary() -> str:
-    local = Path(sys.executable).parent / "weed"
-    found = str(local) if local.exists() else shutil.which("weed")
+    found = find_executable("weed")
     if not found:
         raise ServiceError(
             "SeaweedFS: the `weed` binary is missing. Run `make venv` (it installs the "
