@@ -1,5 +1,8 @@
 """Building the SparkSession the same way for jobs, tests and the demo.
 
+``MICROBATCH_SPARK_MASTER`` decides the engine: ``local[*]``, a cluster
+(``spark://``, ``k8s://``, ``yarn``) or a warm Spark Connect server (``sc://host:port``).
+
 Workers must run the driver's interpreter (the venv's Python): otherwise they pick up
 ``python3`` from PATH and fail with "No module named pyarrow". pyspark is imported
 lazily so the rest of the library works without it.
@@ -26,6 +29,11 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.memory": "1g",
 }
 
+CONNECT_CONF: dict[str, str] = {
+    key: DEFAULT_CONF[key]
+    for key in ("spark.sql.execution.arrow.pyspark.enabled", "spark.sql.session.timeZone")
+}
+
 
 def use_this_python_for_workers() -> None:
     """Point PySpark workers at this interpreter unless the user chose another."""
@@ -40,6 +48,12 @@ def spark_session(
     use_this_python_for_workers()
     from pyspark.sql import SparkSession
 
+    if settings.spark_master.startswith("sc://"):
+        # Spark Connect: the server owns the application; only runtime SQL confs apply.
+        builder = SparkSession.builder.remote(settings.spark_master)
+        for key, value in {**CONNECT_CONF, **(conf or {})}.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
     local = {}
     if settings.spark_master.startswith("local"):

@@ -33,16 +33,24 @@ def spark_submit_command(
     job_args: Sequence[str] = (),
     conf: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """``(argv, env)`` to run ``job`` with spark-submit against ``settings.spark_master``."""
+    """``(argv, env)`` to run ``job`` against ``settings.spark_master``.
+
+    Classic masters go through spark-submit; a Spark Connect URL (``sc://``) runs the job
+    as a plain Python client of the warm server, with no JVM of its own.
+    """
     job = Path(job)
     if not job.exists():
         raise ConfigError(f"Spark job {job} does not exist")
-    argv = [spark_submit_binary(), "--master", settings.spark_master]
-    if settings.spark_master.startswith("local"):
-        argv += ["--conf", "spark.driver.host=127.0.0.1"]
-    for key, value in (conf or {}).items():
-        argv += ["--conf", f"{key}={value}"]
-    argv += [str(job), *job_args]
+    if settings.spark_master.startswith("sc://"):
+        # Warm mode: the Connect server already holds the JVM; the job is a plain client.
+        argv = [sys.executable, str(job), *job_args]
+    else:
+        argv = [spark_submit_binary(), "--master", settings.spark_master]
+        if settings.spark_master.startswith("local"):
+            argv += ["--conf", "spark.driver.host=127.0.0.1"]
+        for key, value in (conf or {}).items():
+            argv += ["--conf", f"{key}={value}"]
+        argv += [str(job), *job_args]
     env = dict(os.environ)
     env.update(settings.to_env())
     env.setdefault("PYSPARK_PYTHON", sys.executable)
