@@ -18,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
 .PHONY: all venv tools jars setup test test-unit lint format demo airflow \
-        stack-up stack-down stack-status bench lock clean
+        stack-up stack-down stack-status bench lock clean cluster connect
 
 all: venv
 
@@ -99,3 +99,13 @@ lock: venv
 
 clean: stack-down
 	rm -rf $(MICROBATCH_HOME)/stack $(MICROBATCH_HOME)/demo.log
+
+## ---- Spark engines (issue 8) -------------------------------------------------------------
+
+cluster: venv
+	@$(BIN)/microbatch-stack up --only spark-cluster
+	@echo "jobs use it with: export MICROBATCH_SPARK_MASTER=spark://127.0.0.1:7077 (state and outputs on S3)"
+
+connect: venv
+	@$(BIN)/microbatch-stack up --only spark-connect
+	@echo "jobs use it with: export MICROBATCH_SPARK_MASTER=sc://127.0.0.1:15002"

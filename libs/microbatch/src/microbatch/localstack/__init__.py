@@ -13,14 +13,30 @@ from pathlib import Path
 from microbatch.errors import ConfigError
 from microbatch.localstack.kafka import KafkaBroker
 from microbatch.localstack.seaweedfs import SeaweedFS
+from microbatch.localstack.spark_cluster import SparkStandaloneCluster
+from microbatch.localstack.spark_connect import SparkConnectServer
 from microbatch.settings import Settings
 
-__all__ = ["KafkaBroker", "LocalStack", "SeaweedFS", "stop_on_sigterm"]
+__all__ = [
+    "KafkaBroker",
+    "LocalStack",
+    "SeaweedFS",
+    "SparkConnectServer",
+    "SparkStandaloneCluster",
+    "stop_on_sigterm",
+]
+
+# Default ports of the optional Spark services (``make cluster`` / ``make connect``).
+SPARK_MASTER_PORT = 7077
+SPARK_CONNECT_PORT = 15002
 
 
 def stop_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so `finally:` blocks stop the services we started."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+Service = KafkaBroker | SeaweedFS | SparkStandaloneCluster | SparkConnectServer
 
 
 class LocalStack:
@@ -29,12 +45,14 @@ class LocalStack:
     def __init__(self, settings: Settings, workdir: Path | None = None) -> None:
         self.settings = settings
         root = workdir or settings.home_path / "stack"
-        self.services = {
+        self.services: dict[str, Service] = {
             "kafka": KafkaBroker(settings, root / "kafka"),
             "seaweedfs": SeaweedFS(settings, root / "seaweedfs"),
+            "spark-cluster": SparkStandaloneCluster(SPARK_MASTER_PORT, root / "spark-cluster"),
+            "spark-connect": SparkConnectServer(SPARK_CONNECT_PORT, root / "spark-connect"),
         }
 
-    def _service(self, name: str) -> KafkaBroker | SeaweedFS:
+    def _service(self, name: str) -> Service:
         try:
             return self.services[name]
         except KeyError:
@@ -44,24 +62,24 @@ class LocalStack:
         self._service(name).start()
 
     def stop(self, name: str) -> bool:
-        return self._service(name).stop()
-
-    def start_all(self) -> None:
-        for name in self.services:
-            self.start(name)
+        return bool(self._service(name).stop())
 
     def stop_all(self) -> None:
         for name in self.services:
             self.stop(name)
 
     def describe(self) -> str:
-        kafka = self.services["kafka"].process.pid()
-        s3 = self.services["seaweedfs"].process.pid()
-        return "\n".join(
-            [
-                f"  Kafka      {self.settings.kafka_bootstrap_servers:<28} "
-                + (f"running (pid {kafka})" if kafka else "stopped"),
-                f"  SeaweedFS  {self.settings.s3_endpoint_url:<28} "
-                + (f"running (pid {s3}), bucket {self.settings.s3_bucket}" if s3 else "stopped"),
-            ]
-        )
+        cluster = self.services["spark-cluster"]
+        connect = self.services["spark-connect"]
+        rows = [
+            ("Kafka", self.settings.kafka_bootstrap_servers, self.services["kafka"]),
+            ("SeaweedFS", self.settings.s3_endpoint_url, self.services["seaweedfs"]),
+            ("Spark", cluster.url, cluster),
+            ("Connect", connect.url, connect),
+        ]
+        lines = []
+        for label, address, service in rows:
+            pid = service.process.pid()
+            state = f"running (pid {pid})" if pid else "stopped"
+            lines.append(f"  {label:<10} {address:<28} {state}")
+        return "\n".join(lines)

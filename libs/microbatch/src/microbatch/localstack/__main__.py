@@ -1,5 +1,8 @@
 """``microbatch-stack up|down|status``: the embedded Kafka + SeaweedFS on loopback.
 
+``--only spark-cluster`` starts a standalone master (7077) with two workers and
+``--only spark-connect`` a warm Spark Connect server (15002); ``down`` stops everything.
+
 Ports come from the settings (``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS``,
 ``MICROBATCH_S3_ENDPOINT_URL``); data, logs and pid files live under
 ``$MICROBATCH_HOME/stack``. ``up`` is idempotent: a service already running is left alone.
@@ -20,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="microbatch-stack", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument(
-        "--only", choices=["kafka", "seaweedfs"], action="append", help="limit to a service"
+        "--only",
+        choices=["kafka", "seaweedfs", "spark-cluster", "spark-connect"],
+        action="append",
+        help="limit to a service (default: kafka and seaweedfs)",
     )
     args = parser.parse_args(argv)
     settings = Settings.from_env()
@@ -35,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name} ready in {time.monotonic() - started:.1f} s", flush=True)
             print(stack.describe())
         elif args.command == "down":
-            for name in services:
+            for name in args.only or list(stack.services):
                 print(f"{name}: {'stopped' if stack.stop(name) else 'was not running'}")
         else:
             print(stack.describe())

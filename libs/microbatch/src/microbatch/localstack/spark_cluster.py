@@ -46,7 +46,7 @@ class SparkStandaloneCluster:
         self.workers = workers
         self.cores = cores
         self.memory = memory
-        self.master = ServiceProcess("spark-master", workdir)
+        self.process = ServiceProcess("spark-master", workdir)  # the master
         self.worker_processes = [
             ServiceProcess(f"spark-worker-{i}", workdir) for i in range(workers)
         ]
@@ -67,20 +67,22 @@ class SparkStandaloneCluster:
         webui = self.port + WEBUI_OFFSET
         ports = [self.port, webui] + [webui + 1 + i for i in range(self.workers)]
         taken = [p for p in ports if not port_is_free(p)]
-        if taken and self.master.pid() is None:
+        if self.process.pid() is not None:
+            return
+        if taken:
             raise ServiceError(
                 f"Spark cluster: port(s) {taken} on 127.0.0.1 are in use (master {self.port}, "
                 f"web UIs from {webui}). Stop the other process or pick another port."
             )
         spark_class = _spark_class()
         env = self._env()
-        self.master.start(
+        self.process.start(
             [spark_class, "org.apache.spark.deploy.master.Master",
              "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(webui)],
             env=env,
             ready=lambda: _master_alive_workers(webui) >= 0,
             timeout=timeout,
-            hint=f"See {self.master.log_path}.",
+            hint=f"See {self.process.log_path}.",
         )  # fmt: skip
         for i, worker in enumerate(self.worker_processes):
             worker.start(
@@ -93,7 +95,6 @@ class SparkStandaloneCluster:
                 hint=f"See {worker.log_path}.",
             )  # fmt: skip
 
-    def stop(self) -> None:
-        for worker in self.worker_processes:
-            worker.stop()
-        self.master.stop()
+    def stop(self) -> bool:
+        stopped = [worker.stop() for worker in self.worker_processes]
+        return self.process.stop() or any(stopped)
