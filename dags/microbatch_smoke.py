@@ -7,10 +7,13 @@ of later issues follow the same shape.
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
-from airflow.sdk import dag, task
+from airflow.sdk import dag
 
-JOB = __file__.rsplit("/dags/", 1)[0] + "/jobs/smoke.py"
+from microbatch_airflow.operators import MicrobatchJobOperator
+
+JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "smoke.py")
 
 
 @dag(
@@ -22,14 +25,16 @@ JOB = __file__.rsplit("/dags/", 1)[0] + "/jobs/smoke.py"
     tags=["microbatch", "smoke"],
 )
 def microbatch_smoke():
-    @task
-    def smoke(run_id: str | None = None) -> dict:
-        from microbatch.runner import run_job
-
-        safe_id = "".join(c if c.isalnum() else "-" for c in (run_id or "manual"))[-40:]
-        return run_job(JOB, ["--events", "1000", "--run-id", safe_id])
-
-    smoke()
+    MicrobatchJobOperator(
+        task_id="smoke",
+        job=JOB,
+        job_args=[
+            "--events",
+            "1000",
+            "--run-id",
+            "{{ run_id | replace(':', '-') | replace('+', '-') }}",
+        ],
+    )
 
 
 microbatch_smoke()

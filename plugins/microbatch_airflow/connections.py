@@ -1,0 +1,91 @@
+"""Airflow connections → :class:`microbatch.Settings` (the library never reads Airflow).
+
+Precedence for each service: the Airflow connection when it is defined, else the
+``MICROBATCH_*`` environment variables, else the defaults of the settings module.
+
+======================  ============================================================
+connection id           fields used
+======================  ============================================================
+``microbatch_kafka``    extra ``bootstrap_servers`` (``"h1:9092,h2:9092"``), else
+                        ``host:port``
+``microbatch_s3``       login = access key id, password = secret key, extra
+                        ``endpoint_url`` (omit for AWS), ``region_name``, ``bucket``
+``microbatch_spark``    host (+ port) = master URL: ``local[*]``, ``spark://h``,
+                        ``sc://h``, ``k8s://https://h``, ``yarn``
+======================  ============================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from microbatch.settings import Settings
+
+KAFKA_CONN_ID = "microbatch_kafka"
+S3_CONN_ID = "microbatch_s3"
+SPARK_CONN_ID = "microbatch_spark"
+
+
+def kafka_overrides(conn: Any) -> dict[str, str]:
+    extra = conn.extra_dejson
+    servers = extra.get("bootstrap_servers") or extra.get("bootstrap.servers")
+    if not servers and conn.host:
+        servers = f"{conn.host}:{conn.port or 9092}"
+    return {"kafka_bootstrap_servers": servers} if servers else {}
+
+
+def s3_overrides(conn: Any) -> dict[str, str]:
+    extra = conn.extra_dejson
+    overrides = {
+        "s3_access_key_id": conn.login,
+        "s3_secret_access_key": conn.password,
+        "s3_endpoint_url": extra.get("endpoint_url"),
+        "s3_region": extra.get("region_name"),
+        "s3_bucket": extra.get("bucket"),
+    }
+    if "endpoint_url" in extra and not extra["endpoint_url"]:
+        overrides["s3_endpoint_url"] = ""  # explicitly AWS's own endpoint
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def spark_overrides(conn: Any) -> dict[str, str]:
+    if not conn.host:
+        return {}
+    master = (
+        conn.host
+        if "://" in conn.host or conn.host.startswith(("local", "yarn"))
+        else (f"spark://{conn.host}")
+    )
+    if conn.port and "://" in master:
+        master = f"{master}:{conn.port}"
+    return {"spark_master": master}
+
+
+def _optional_connection(conn_id: str | None) -> Any | None:
+    if not conn_id:
+        return None
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+def settings_from_airflow(
+    kafka_conn_id: str | None = KAFKA_CONN_ID,
+    s3_conn_id: str | None = S3_CONN_ID,
+    spark_conn_id: str | None = SPARK_CONN_ID,
+) -> Settings:
+    """Settings for a task: each defined connection overrides its part of the env."""
+    overrides: dict[str, str] = {}
+    for conn_id, translate in (
+        (kafka_conn_id, kafka_overrides),
+        (s3_conn_id, s3_overrides),
+        (spark_conn_id, spark_overrides),
+    ):
+        conn = _optional_connection(conn_id)
+        if conn is not None:
+            overrides.update(translate(conn))
+    return Settings.from_env(**overrides)
