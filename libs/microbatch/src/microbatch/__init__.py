@@ -1,4 +1,8 @@
-"""microbatch: Flink-grade semantics for Spark micro-batches scheduled by Airflow."""
+"""microbatch: Flink-grade semantics for Spark micro-batches scheduled by Airflow.
+
+The public API is listed in ``__all__``; everything else is reachable through its
+subpackage (``microbatch.checkpoint``, ``microbatch.storage``, ...) and may change.
+"""
 
 from microbatch.errors import (
     CheckpointError,
@@ -11,17 +15,30 @@ from microbatch.errors import (
     StateError,
     StorageError,
 )
+from microbatch.keygroups import KeyGroupRange, key_group, key_group_range, operator_index
 from microbatch.settings import Settings
+from microbatch.state import KeyedStateBackend, ListState, MapState, ValueState
+from microbatch.storage import ObjectStore, open_store
 
 __all__ = [
     "CheckpointError",
     "ConfigError",
     "EnrichmentError",
+    "KeyGroupRange",
+    "KeyedStateBackend",
+    "ListState",
+    "MapState",
     "MicrobatchError",
+    "ObjectStore",
     "ServiceError",
     "Settings",
     "SinkError",
     "SourceError",
     "StateError",
     "StorageError",
+    "ValueState",
+    "key_group",
+    "key_group_range",
+    "open_store",
+    "operator_index",
 ]

@@ -1,0 +1,42 @@
+"""Checkpoints of keyed state: state files, manifests, restore, GC, reshard, inspection."""
+
+from microbatch.checkpoint.catalog import latest_manifest, list_checkpoints, load_manifest
+from microbatch.checkpoint.gc import GcResult, collect_garbage
+from microbatch.checkpoint.inspection import describe_checkpoint, format_description, read_key_state
+from microbatch.checkpoint.layout import Layout
+from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest
+from microbatch.checkpoint.reshard import ReshardResult, reshard
+from microbatch.checkpoint.restore import RestoreStats, empty_backends, restore_instance
+from microbatch.checkpoint.writer import (
+    InstanceSnapshot,
+    build_manifest,
+    checkpoint,
+    commit_manifest,
+    should_write_full,
+    write_instance,
+)
+
+__all__ = [
+    "GcResult",
+    "InstanceSnapshot",
+    "KeyGroupEntry",
+    "Layout",
+    "Manifest",
+    "ReshardResult",
+    "RestoreStats",
+    "build_manifest",
+    "checkpoint",
+    "collect_garbage",
+    "commit_manifest",
+    "describe_checkpoint",
+    "empty_backends",
+    "format_description",
+    "latest_manifest",
+    "list_checkpoints",
+    "load_manifest",
+    "read_key_state",
+    "reshard",
+    "restore_instance",
+    "should_write_full",
+    "write_instance",
+]

@@ -1,0 +1,95 @@
+"""State inspection: list checkpoints, describe a manifest, read one key's state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from microbatch.checkpoint.catalog import latest_manifest, load_manifest
+from microbatch.checkpoint.layout import Layout
+from microbatch.checkpoint.restore import restore_groups
+from microbatch.errors import CheckpointError
+from microbatch.keygroups import Key, KeyGroupRange, key_group, key_group_range
+from microbatch.state.backend import KeyedStateBackend
+from microbatch.storage import ObjectStore
+
+
+def describe_checkpoint(store: ObjectStore, layout: Layout, checkpoint_id: int) -> dict[str, Any]:
+    """Parallelism, totals, per-instance and per-key-group sizes of one checkpoint."""
+    m = load_manifest(store, layout, checkpoint_id)
+    groups = [
+        {
+            "key_group": kg,
+            "bytes": e.length,
+            "rows": e.rows,
+            "keys": e.keys,
+            "file": e.file,
+            "written_by": e.checkpoint_id,
+        }
+        for kg, e in enumerate(m.key_groups)
+        if e is not None
+    ]
+    instances = []
+    for i in range(m.parallelism):
+        r = key_group_range(m.max_parallelism, m.parallelism, i)
+        own = [m.key_groups[kg] for kg in r if m.key_groups[kg] is not None]
+        instances.append(
+            {
+                "index": i,
+                "key_groups": str(r),
+                "bytes": sum(e.length for e in own),
+                "keys": sum(e.keys for e in own),
+            }
+        )
+    return {
+        "checkpoint_id": m.checkpoint_id,
+        "pipeline_fingerprint": m.pipeline_fingerprint,
+        "created_at": m.created_at,
+        "max_parallelism": m.max_parallelism,
+        "parallelism": m.parallelism,
+        "full_checkpoint_id": m.full_checkpoint_id,
+        "total_bytes": m.total_bytes,
+        "total_keys": m.total_keys,
+        "files": len(m.files()),
+        "written_now_bytes": sum(g["bytes"] for g in groups if g["written_by"] == m.checkpoint_id),
+        "instances": instances,
+        "key_groups": groups,
+        "metadata": dict(m.metadata),
+    }
+
+
+def format_description(desc: dict[str, Any]) -> str:
+    """A short human-readable summary of :func:`describe_checkpoint`."""
+    lines = [
+        f"checkpoint {desc['checkpoint_id']}  fingerprint {desc['pipeline_fingerprint']}  "
+        f"created {desc['created_at']}",
+        f"max_parallelism {desc['max_parallelism']}  parallelism {desc['parallelism']}  "
+        f"last full {desc['full_checkpoint_id']}  files {desc['files']}",
+        f"total {desc['total_keys']} keys, {desc['total_bytes']} bytes "
+        f"({desc['written_now_bytes']} written by this checkpoint)",
+        f"{'instance':>8} {'key-groups':>12} {'keys':>10} {'bytes':>12}",
+    ]
+    lines += [
+        f"{i['index']:>8} {i['key_groups']:>12} {i['keys']:>10} {i['bytes']:>12}"
+        for i in desc["instances"]
+    ]
+    return "\n".join(lines)
+
+
+def read_key_state(
+    store: ObjectStore, layout: Layout, key: Key, checkpoint_id: int | None = None
+) -> dict[str, Any]:
+    """Every state (and timer) of ``key`` in a checkpoint (default: the latest).
+
+    Reads one byte range: the key's key-group. Expired TTL entries are included, since
+    "expired" depends on the reader's clock.
+    """
+    if checkpoint_id is None:
+        manifest = latest_manifest(store, layout)
+        if manifest is None:
+            raise CheckpointError(f"no committed checkpoint under {store.url}/{layout.prefix}")
+    else:
+        manifest = load_manifest(store, layout, checkpoint_id)
+    kg = key_group(key, manifest.max_parallelism)
+    backend = KeyedStateBackend(manifest.max_parallelism, KeyGroupRange(kg, kg))
+    restore_groups(store, manifest, backend, [kg])
+    return backend.describe_key(key, include_expired=True)

@@ -1,0 +1,120 @@
+"""Offline reshard: rewrite a checkpoint for a different ``max_parallelism``.
+
+``max_parallelism`` fixes the key → key-group mapping, so changing it moves every key.
+This reads every key-group of the source checkpoint, re-assigns each key to
+``key_group(key, new_max_parallelism)``, writes a *full* checkpoint (id ``target_id``,
+default source + 1) at ``parallelism`` instances, reads it back and verifies that the
+number of keys and an order-independent checksum of all state rows are unchanged —
+before committing it. Run it while the pipeline is stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable
+
+from microbatch.checkpoint.catalog import load_manifest
+from microbatch.checkpoint.layout import Layout
+from microbatch.checkpoint.manifest import Manifest
+from microbatch.checkpoint.restore import empty_backends, restore_groups
+from microbatch.checkpoint.writer import build_manifest, commit_manifest, write_instance
+from microbatch.errors import CheckpointError
+from microbatch.keygroups import KeyGroupRange, check_max_parallelism, key_group_of_bytes
+from microbatch.state.backend import ROW_COLUMNS, KeyedStateBackend, empty_rows
+from microbatch.state.codec import encode_value
+from microbatch.storage import ObjectStore
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardResult:
+    source: int
+    target: Manifest
+    keys: int
+    checksum: str
+
+
+def state_digest(backends: Iterable[KeyedStateBackend]) -> tuple[int, str]:
+    """(number of keys, checksum of every state row) — independent of key-group layout.
+
+    Each row is hashed with its position among the rows of the same (state, key), so list
+    order counts but key-group placement does not; row hashes are summed mod 2**128.
+    """
+    keys: set[bytes] = set()
+    total = 0
+    for backend in backends:
+        for kg in backend.groups_with_state():
+            rows = backend.export_rows(kg)
+            ordinal: dict[tuple[str, bytes], int] = {}
+            for row in zip(*(rows[c] for c in ROW_COLUMNS), strict=True):
+                keys.add(row[2])
+                pos = ordinal[row[0], row[2]] = ordinal.get((row[0], row[2]), -1) + 1
+                digest = hashlib.blake2b(encode_value((*row, pos)), digest_size=16).digest()
+                total = (total + int.from_bytes(digest, "big")) % 2**128
+    return len(keys), f"{total:032x}"
+
+
+def reshard(
+    store: ObjectStore,
+    layout: Layout,
+    source_id: int,
+    new_max_parallelism: int,
+    *,
+    target_id: int | None = None,
+    parallelism: int | None = None,
+) -> ReshardResult:
+    """Rewrite checkpoint ``source_id`` for ``new_max_parallelism`` and commit it."""
+    check_max_parallelism(new_max_parallelism)
+    source = load_manifest(store, layout, source_id)
+    target_id = source_id + 1 if target_id is None else target_id
+    parallelism = parallelism or min(source.parallelism, new_max_parallelism)
+
+    old = KeyedStateBackend(source.max_parallelism, KeyGroupRange(0, source.max_parallelism - 1))
+    restore_groups(store, source, old, range(source.max_parallelism))
+    keys_before, checksum_before = state_digest([old])
+
+    # Re-assign every row to its new key-group (row order within a key is kept).
+    regrouped: dict[int, dict[str, list]] = {}
+    for kg in old.groups_with_state():
+        rows = old.export_rows(kg)
+        for i, key_bytes in enumerate(rows["key"]):
+            new_kg = key_group_of_bytes(key_bytes, new_max_parallelism)
+            target = regrouped.setdefault(new_kg, empty_rows())
+            for c in ROW_COLUMNS:
+                target[c].append(rows[c][i])
+    backends = empty_backends(new_max_parallelism, parallelism)
+    for backend in backends:
+        for kg in backend.key_groups:
+            if kg in regrouped:
+                backend.import_rows(kg, regrouped[kg])
+
+    snaps = [
+        write_instance(store, layout, b, target_id, i, None, full=True)
+        for i, b in enumerate(backends)
+    ]
+    metadata = dict(source.metadata) | {
+        "resharded_from": {"checkpoint_id": source_id, "max_parallelism": source.max_parallelism}
+    }
+    manifest = build_manifest(
+        target_id,
+        snaps,
+        max_parallelism=new_max_parallelism,
+        pipeline_fingerprint=source.pipeline_fingerprint,
+        base=None,
+        full=True,
+        metadata=metadata,
+    )
+    if manifest.checkpoint_id <= source_id:
+        raise CheckpointError(f"reshard target id {target_id} must be greater than {source_id}")
+
+    check = KeyedStateBackend(new_max_parallelism, KeyGroupRange(0, new_max_parallelism - 1))
+    restore_groups(store, manifest, check, range(new_max_parallelism))
+    keys_after, checksum_after = state_digest([check])
+    if (keys_after, checksum_after) != (keys_before, checksum_before):
+        raise CheckpointError(
+            f"reshard of checkpoint {source_id} to max_parallelism={new_max_parallelism} "
+            f"changed the state: {keys_before} keys/{checksum_before} before, {keys_after} "
+            f"keys/{checksum_after} after; nothing was committed"
+        )
+    commit_manifest(store, layout, manifest)
+    return ReshardResult(source_id, manifest, keys_after, checksum_after)

@@ -1,0 +1,179 @@
+"""The value codec: a small, versioned, self-describing binary format — never pickle.
+
+State outlives code: a checkpoint written today is restored by next month's release, maybe
+in another Python. Pickle ties bytes to class paths and can execute code on load, so state
+values are limited to plain data with a fixed encoding:
+
+==========  =====  ==========================================================
+type        tag    payload
+==========  =====  ==========================================================
+None        ``N``  —
+bool        ``T``  ``F``  —
+int         ``i``  varint length + big-endian two's complement (any size)
+float       ``f``  8-byte big-endian IEEE 754 double
+str         ``s``  varint length + UTF-8
+bytes       ``b``  varint length + bytes (``bytearray`` decodes as ``bytes``)
+list        ``l``  varint count + elements
+tuple       ``t``  varint count + elements
+dict        ``d``  varint count + key, value pairs in insertion order
+datetime    ``D``  8-byte signed microseconds since the Unix epoch, UTC; timezone-aware
+                   values only, decoded in UTC
+date        ``a``  4-byte signed proleptic ordinal
+==========  =====  ==========================================================
+
+Anything else (sets, dataclasses, numpy scalars, naive datetimes) raises
+:class:`CodecError` naming the type. Convert such values to the types above first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import struct
+from typing import Any
+
+from microbatch.errors import StateError
+
+_F64 = struct.Struct(">d")
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class CodecError(StateError):
+    """A value cannot be encoded, or bytes cannot be decoded."""
+
+
+def _varint(n: int, out: bytearray) -> None:
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def encode_value(value: Any) -> bytes:
+    """Encode one supported value (see the module table)."""
+    out = bytearray()
+    _encode(value, out)
+    return bytes(out)
+
+
+def _encode(value: Any, out: bytearray) -> None:
+    if value is None:
+        out += b"N"
+    elif value is True:
+        out += b"T"
+    elif value is False:
+        out += b"F"
+    elif isinstance(value, int):
+        raw = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
+        out += b"i"
+        _varint(len(raw), out)
+        out += raw
+    elif isinstance(value, float):
+        out += b"f" + _F64.pack(value)
+    elif isinstance(value, str):
+        raw = value.encode("utf-8")
+        out += b"s"
+        _varint(len(raw), out)
+        out += raw
+    elif isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        out += b"b"
+        _varint(len(raw), out)
+        out += raw
+    elif isinstance(value, list | tuple):
+        out += b"l" if isinstance(value, list) else b"t"
+        _varint(len(value), out)
+        for element in value:
+            _encode(element, out)
+    elif isinstance(value, dict):
+        out += b"d"
+        _varint(len(value), out)
+        for k, v in value.items():
+            _encode(k, out)
+            _encode(v, out)
+    elif isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise CodecError(f"naive datetime {value!r}: attach a timezone (e.g. UTC) first")
+        delta = value - _EPOCH
+        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        out += b"D" + _I64.pack(micros)
+    elif isinstance(value, dt.date):
+        out += b"a" + _I32.pack(value.toordinal())
+    else:
+        raise CodecError(
+            f"cannot encode state value of type {type(value).__name__}: supported are None, "
+            "bool, int, float, str, bytes, list, tuple, dict, aware datetime, date"
+        )
+
+
+def decode_value(data: bytes) -> Any:
+    """Decode bytes written by :func:`encode_value`; corrupt input raises CodecError."""
+    try:
+        value, pos = _decode(memoryview(data), 0)
+    except (
+        IndexError,
+        struct.error,
+        UnicodeDecodeError,
+        ValueError,
+        OverflowError,
+        TypeError,
+    ) as e:
+        raise CodecError(f"corrupt state value ({len(data)} bytes): {e}") from None
+    if pos != len(data):
+        raise CodecError(f"corrupt state value: {len(data) - pos} trailing bytes")
+    return value
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        n |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return n, pos
+        shift += 7
+
+
+def _take(buf: memoryview, pos: int, n: int) -> bytes:
+    if pos + n > len(buf):
+        raise IndexError("value runs past the end of its bytes")
+    return bytes(buf[pos : pos + n])
+
+
+def _decode(buf: memoryview, pos: int) -> tuple[Any, int]:
+    tag = chr(buf[pos])
+    pos += 1
+    if tag == "N":
+        return None, pos
+    if tag in "TF":
+        return tag == "T", pos
+    if tag in "isb":
+        n, pos = _read_varint(buf, pos)
+        raw = _take(buf, pos, n)
+        if tag == "i":
+            return int.from_bytes(raw, "big", signed=True), pos + n
+        return (raw.decode("utf-8") if tag == "s" else raw), pos + n
+    if tag == "f":
+        return _F64.unpack(_take(buf, pos, 8))[0], pos + 8
+    if tag in "lt":
+        n, pos = _read_varint(buf, pos)
+        items = []
+        for _ in range(n):
+            item, pos = _decode(buf, pos)
+            items.append(item)
+        return (items if tag == "l" else tuple(items)), pos
+    if tag == "d":
+        n, pos = _read_varint(buf, pos)
+        result = {}
+        for _ in range(n):
+            k, pos = _decode(buf, pos)
+            result[k], pos = _decode(buf, pos)
+        return result, pos
+    if tag == "D":
+        micros = _I64.unpack(_take(buf, pos, 8))[0]
+        return _EPOCH + dt.timedelta(microseconds=micros), pos + 8
+    if tag == "a":
+        return dt.date.fromordinal(_I32.unpack(_take(buf, pos, 4))[0]), pos + 4
+    raise ValueError(f"unknown tag {tag!r} at byte {pos - 1}")

@@ -1,0 +1,173 @@
+"""What user code sees: per-key value, list and map state and timers.
+
+A :class:`KeyContext` is bound to one key; ``ctx.value("count")`` returns a handle on
+the state named ``count`` *for that key*. Values are stored encoded (see ``codec``), so
+mutating a returned list or dict never changes state behind the backend's back — call
+``set``/``update``/``put`` to write. Every write marks the key's key-group changed, which
+is what makes incremental checkpoints correct.
+
+TTL (seconds, optional, per state name) is measured on the backend's clock and restarts
+on every write of an entry; an expired entry reads as absent and is dropped at the next
+checkpoint. List TTL is per element, map TTL per entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from microbatch.state.codec import decode_value, encode_value
+
+if TYPE_CHECKING:
+    from microbatch.state.backend import KeyedStateBackend, StateSpec
+
+_MISSING = object()
+
+
+class _Handle:
+    def __init__(self, ctx: KeyContext, spec: StateSpec) -> None:
+        self._ctx = ctx
+        self._spec = spec
+        self._backend = ctx.backend
+
+    def _table(self, create: bool = False) -> dict[bytes, Any] | None:
+        return self._backend.table(self._ctx.key_group, self._spec.name, create)
+
+    def _expiry(self) -> int | None:
+        return self._backend.expiry_for(self._spec)
+
+    def _alive(self, expires: int | None) -> bool:
+        return expires is None or expires > self._backend.now_ms()
+
+    def _touch(self, expires: int | None) -> None:
+        self._backend.touch(self._ctx.key_group, expires)
+
+
+class ValueState(_Handle):
+    """One value per key."""
+
+    def get(self, default: Any = None) -> Any:
+        table = self._table()
+        entry = table.get(self._ctx.key_bytes) if table else None
+        if entry is None or not self._alive(entry[1]):
+            return default
+        return decode_value(entry[0])
+
+    def set(self, value: Any) -> None:
+        expires = self._expiry()
+        self._table(create=True)[self._ctx.key_bytes] = (encode_value(value), expires)
+        self._touch(expires)
+
+    def clear(self) -> None:
+        table = self._table()
+        if table and table.pop(self._ctx.key_bytes, None) is not None:
+            self._touch(None)
+
+
+class ListState(_Handle):
+    """An ordered list per key; ``add`` appends."""
+
+    def get(self) -> list[Any]:
+        table = self._table()
+        items = table.get(self._ctx.key_bytes, ()) if table else ()
+        return [decode_value(v) for v, exp in items if self._alive(exp)]
+
+    def add(self, value: Any) -> None:
+        self.add_all([value])
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        expires = self._expiry()
+        items = self._table(create=True).setdefault(self._ctx.key_bytes, [])
+        items.extend((encode_value(v), expires) for v in values)
+        self._touch(expires)
+
+    def update(self, values: Iterable[Any]) -> None:
+        expires = self._expiry()
+        encoded = [(encode_value(v), expires) for v in values]
+        table = self._table(create=True)
+        if encoded:
+            table[self._ctx.key_bytes] = encoded
+        else:
+            table.pop(self._ctx.key_bytes, None)
+        self._touch(expires)
+
+    def clear(self) -> None:
+        self.update([])
+
+
+class MapState(_Handle):
+    """A dict per key; map keys are any codec value, compared by their encoding."""
+
+    def _entries(self) -> dict[bytes, tuple[bytes, int | None]]:
+        table = self._table()
+        return table.get(self._ctx.key_bytes, {}) if table else {}
+
+    def get(self, field: Any, default: Any = None) -> Any:
+        entry = self._entries().get(encode_value(field))
+        if entry is None or not self._alive(entry[1]):
+            return default
+        return decode_value(entry[0])
+
+    def __contains__(self, field: Any) -> bool:
+        return self.get(field, _MISSING) is not _MISSING
+
+    def put(self, field: Any, value: Any) -> None:
+        expires = self._expiry()
+        entries = self._table(create=True).setdefault(self._ctx.key_bytes, {})
+        entries[encode_value(field)] = (encode_value(value), expires)
+        self._touch(expires)
+
+    def remove(self, field: Any) -> None:
+        entries = self._entries()
+        if entries.pop(encode_value(field), None) is not None:
+            if not entries:
+                self._table().pop(self._ctx.key_bytes, None)
+            self._touch(None)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        for f, (v, exp) in list(self._entries().items()):
+            if self._alive(exp):
+                yield decode_value(f), decode_value(v)
+
+    def keys(self) -> Iterator[Any]:
+        return (k for k, _ in self.items())
+
+    def values(self) -> Iterator[Any]:
+        return (v for _, v in self.items())
+
+    def to_dict(self) -> dict[Any, Any]:
+        return dict(self.items())
+
+    def clear(self) -> None:
+        table = self._table()
+        if table and table.pop(self._ctx.key_bytes, None) is not None:
+            self._touch(None)
+
+
+class KeyContext:
+    """State and timers of one key inside one operator instance."""
+
+    def __init__(self, backend: KeyedStateBackend, key: Any, key_bytes: bytes, kg: int) -> None:
+        self.backend = backend
+        self.key = key
+        self.key_bytes = key_bytes
+        self.key_group = kg
+
+    def value(self, name: str, ttl: float | None = None) -> ValueState:
+        return ValueState(self, self.backend.declare(name, "value", ttl))
+
+    def list(self, name: str, ttl: float | None = None) -> ListState:
+        return ListState(self, self.backend.declare(name, "list", ttl))
+
+    def map(self, name: str, ttl: float | None = None) -> MapState:
+        return MapState(self, self.backend.declare(name, "map", ttl))
+
+    def register_timer(self, timestamp: int) -> None:
+        """Fire ``timestamp`` for this key once the watermark reaches it."""
+        self.backend.register_timer(self.key_group, self.key_bytes, timestamp)
+
+    def delete_timer(self, timestamp: int) -> None:
+        self.backend.delete_timer(self.key_group, self.key_bytes, timestamp)
+
+    def timers(self) -> list[int]:
+        return self.backend.timers.of_key(self.key_group, self.key_bytes)

@@ -1,0 +1,72 @@
+"""Event-time timers of one operator instance, fired in timestamp order.
+
+A timer is ``(timestamp, key)``: registering the same pair twice keeps one timer;
+deleting removes it. When the watermark advances to ``W``, every timer with
+``timestamp <= W`` fires exactly once, ordered by timestamp, then key-group, then key
+bytes — a deterministic order, so a replayed batch fires the same timers in the same
+order. Timers live in their key's key-group and are checkpointed (and rescaled) with it.
+
+The live set per key-group is the truth; a heap orders them, with deleted entries
+skipped lazily when they surface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Timer:
+    """A timer that is due; ``key_bytes`` is the canonical key (see ``keygroups``)."""
+
+    timestamp: int
+    key_group: int
+    key_bytes: bytes
+
+
+class TimerQueue:
+    """Per key-group timer sets plus one heap for firing order."""
+
+    def __init__(self) -> None:
+        self._live: dict[int, set[tuple[int, bytes]]] = {}
+        self._heap: list[tuple[int, int, bytes]] = []
+
+    def register(self, key_group: int, key_bytes: bytes, timestamp: int) -> bool:
+        """Add a timer; False if it already existed (nothing changed)."""
+        live = self._live.setdefault(key_group, set())
+        if (timestamp, key_bytes) in live:
+            return False
+        live.add((timestamp, key_bytes))
+        heapq.heappush(self._heap, (timestamp, key_group, key_bytes))
+        return True
+
+    def delete(self, key_group: int, key_bytes: bytes, timestamp: int) -> bool:
+        """Remove a timer; False if there was none."""
+        live = self._live.get(key_group)
+        if not live or (timestamp, key_bytes) not in live:
+            return False
+        live.discard((timestamp, key_bytes))
+        return True
+
+    def of_key(self, key_group: int, key_bytes: bytes) -> list[int]:
+        return sorted(ts for ts, kb in self._live.get(key_group, ()) if kb == key_bytes)
+
+    def of_group(self, key_group: int) -> list[tuple[int, bytes]]:
+        return sorted(self._live.get(key_group, ()))
+
+    def drop_group(self, key_group: int) -> None:
+        self._live.pop(key_group, None)
+
+    def pop_due(self, watermark: int) -> Timer | None:
+        """The next live timer with ``timestamp <= watermark``, removed; else None."""
+        while self._heap and self._heap[0][0] <= watermark:
+            timestamp, key_group, key_bytes = heapq.heappop(self._heap)
+            live = self._live.get(key_group)
+            if live and (timestamp, key_bytes) in live:
+                live.discard((timestamp, key_bytes))
+                return Timer(timestamp, key_group, key_bytes)
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._live.values())

@@ -1,0 +1,124 @@
+"""Object store on a local folder: the embedded default, same semantics as S3.
+
+Atomicity comes from the filesystem: ``put`` writes a temporary file next to the target
+and renames it over (readers never see half an object); ``create`` writes a temporary
+file and hard-links it to the target, which fails if the target exists, so of many racing
+writers exactly one wins and the winner's content is complete when it becomes visible.
+Temporary files carry a reserved name prefix and are never listed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from microbatch.errors import StorageError
+from microbatch.storage.base import (
+    AlreadyExistsError,
+    ObjectNotFoundError,
+    check_key,
+    check_range,
+)
+
+_TMP_PREFIX = ".mbtmp-"
+
+
+class LocalFileStore:
+    """Objects are files under ``root``; keys map to relative paths."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalFileStore({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        if any(part.startswith(_TMP_PREFIX) for part in key.split("/")):
+            raise StorageError(f"object key uses the reserved prefix {_TMP_PREFIX!r}: {key!r}")
+        return self.root / key
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StorageError(f"put {self.url}/{key} failed: {e}") from e
+
+    def create(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+        except OSError as e:
+            raise StorageError(f"create {self.url}/{key} failed: {e}") from e
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise AlreadyExistsError(f"{self.url}/{key} already exists") from None
+        except OSError as e:
+            raise StorageError(f"create {self.url}/{key} failed: {e}") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"get {self.url}/{key} failed: {e}") from e
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        check_range(key, start, length)
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"get_range {self.url}/{key} failed: {e}") from e
+
+    def list(self, prefix: str) -> list[str]:
+        # Walk only the deepest folder the prefix names, then filter by string prefix.
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root / folder if folder else self.root
+        if not base.is_dir():
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(base):
+            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
+            for name in files:
+                if name.startswith(_TMP_PREFIX):
+                    continue
+                key = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink(missing_ok=True)
+        except IsADirectoryError:
+            return
+        except OSError as e:
+            raise StorageError(f"delete {self.url}/{key} failed: {e}") from e
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
