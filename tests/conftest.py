@@ -9,6 +9,8 @@ already have (a real cluster, AWS S3), export ``MICROBATCH_KAFKA_BOOTSTRAP_SERVE
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,3 +90,26 @@ def s3_client(s3_settings: Settings):
     import boto3
 
     return boto3.client("s3", **s3_settings.boto3_client_kwargs())
+
+
+def _lingering_threads(grace_seconds: float = 5.0) -> list[str]:
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(timeout=grace_seconds / max(len(others), 1))
+    return [t.name for t in others if t.is_alive()]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Fail loudly instead of hanging when a test leaves a non-daemon thread running.
+
+    An unclosed kafka-python client reconnects forever once the broker has stopped and
+    keeps the interpreter alive, which would turn a green run into a CI timeout.
+    """
+    leaked = _lingering_threads()
+    if leaked:
+        sys.stderr.write(
+            f"\nERROR: the test run left non-daemon threads running: {leaked}. A client "
+            "(Kafka producer/consumer/admin?) was not closed. Failing instead of hanging.\n"
+        )
+        sys.stderr.flush()
+        os._exit(3)

@@ -29,18 +29,32 @@ def _drain(consumer: KafkaConsumer, want: int, seconds: float = 10.0) -> list:
     return records
 
 
-def _consumer(settings, topic: str, partitions: int) -> KafkaConsumer:
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-    )
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    consumer.seek_to_beginning()
-    return consumer
+@pytest.fixture
+def consumers(kafka_settings):
+    """Factory of read_committed consumers from the beginning; all closed after the test.
+
+    An unclosed kafka-python client keeps a non-daemon thread reconnecting forever once
+    the broker stops, which would hang the end of the test run.
+    """
+    opened: list[KafkaConsumer] = []
+
+    def make(topic: str, partitions: int) -> KafkaConsumer:
+        consumer = KafkaConsumer(
+            bootstrap_servers=kafka_settings.kafka_bootstrap_servers,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+        )
+        opened.append(consumer)
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        consumer.seek_to_beginning()
+        return consumer
+
+    yield make
+    for consumer in opened:
+        consumer.close()
 
 
-def test_produce_then_consume_returns_every_record_in_partition_order(kafka_settings):
+def test_produce_then_consume_returns_every_record_in_partition_order(kafka_settings, consumers):
     topic = _topic(kafka_settings)
     producer = KafkaProducer(bootstrap_servers=kafka_settings.kafka_bootstrap_servers)
     for i in range(100):
@@ -48,7 +62,7 @@ def test_produce_then_consume_returns_every_record_in_partition_order(kafka_sett
     producer.flush()
     producer.close()
 
-    records = _drain(_consumer(kafka_settings, topic, 2), want=100)
+    records = _drain(consumers(topic, 2), want=100)
 
     assert len(records) == 100
     for partition in (0, 1):
@@ -57,7 +71,7 @@ def test_produce_then_consume_returns_every_record_in_partition_order(kafka_sett
     assert sorted(int(r.value) for r in records) == list(range(100))
 
 
-def test_transaction_is_invisible_to_read_committed_until_commit(kafka_settings):
+def test_transaction_is_invisible_to_read_committed_until_commit(kafka_settings, consumers):
     topic = _topic(kafka_settings)
     producer = KafkaProducer(
         bootstrap_servers=kafka_settings.kafka_bootstrap_servers,
@@ -68,7 +82,7 @@ def test_transaction_is_invisible_to_read_committed_until_commit(kafka_settings)
     for i in range(10):
         producer.send(topic, value=f"committed-{i}".encode(), partition=i % 2)
     producer.flush()
-    consumer = _consumer(kafka_settings, topic, 2)
+    consumer = consumers(topic, 2)
 
     seen_before_commit = _drain(consumer, want=1, seconds=2.0)
     producer.commit_transaction()
@@ -81,7 +95,7 @@ def test_transaction_is_invisible_to_read_committed_until_commit(kafka_settings)
     producer.close()
 
 
-def test_aborted_transaction_is_never_seen_by_read_committed(kafka_settings):
+def test_aborted_transaction_is_never_seen_by_read_committed(kafka_settings, consumers):
     topic = _topic(kafka_settings, partitions=1)
     producer = KafkaProducer(
         bootstrap_servers=kafka_settings.kafka_bootstrap_servers,
@@ -97,8 +111,8 @@ def test_aborted_transaction_is_never_seen_by_read_committed(kafka_settings):
     producer.commit_transaction()
     producer.close()
 
-    records = _drain(_consumer(kafka_settings, topic, 1), want=1)
+    records = _drain(consumers(topic, 1), want=1)
     time.sleep(0.5)  # give a wrongly-visible aborted record a chance to show up
-    records += _drain(_consumer(kafka_settings, topic, 1), want=2, seconds=1.0)
+    records += _drain(consumers(topic, 1), want=2, seconds=1.0)
 
     assert {r.value for r in records} == {b"kept"}
