@@ -11,6 +11,8 @@ so callers (the CLI, the Airflow operator) can catch one type and show its messa
     ├── StorageError       object store (local filesystem or S3)
     ├── SourceError        Kafka planning and reading
     ├── EnrichmentError    async I/O operator
+    ├── ProcessError       the pipeline's keyed function raised
+    ├── BatchError         a batch was refused (fenced, too many dead letters, ...)
     └── SinkError          Parquet / Kafka outputs
 
 Messages name the thing involved (pipeline, checkpoint, topic/partition, key-group,
@@ -54,3 +56,11 @@ class EnrichmentError(MicrobatchError):
 
 class SinkError(MicrobatchError):
     """A sink could not stage or publish its output."""
+
+
+class ProcessError(MicrobatchError):
+    """The pipeline's keyed process function raised (``on_process_error='fail'``)."""
+
+
+class BatchError(MicrobatchError):
+    """A batch cannot run or commit: another run holds the pipeline, or it failed a check."""

@@ -126,7 +126,10 @@ log.cleaner.backoff.ms=1000
 
 
 def _kafka_uuid() -> str:
-    """A cluster id in Kafka's format: URL-safe base64 of 16 random bytes, no padding."""
+    """A cluster id in Kafka's format: URL-safe base64 of 16 random bytes, no padding.
+
+    It may start with '-', so pass it as ``--cluster-id=<id>``, never as a separate argument.
+    """
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
@@ -153,7 +156,7 @@ class KafkaBroker:
         if (data / "meta.properties").exists():
             return
         cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
-               "-t", _kafka_uuid(), "-c", str(config)]  # fmt: skip
+               f"--cluster-id={_kafka_uuid()}", "-c", str(config)]  # fmt: skip
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ServiceError(

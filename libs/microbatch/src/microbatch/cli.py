@@ -1,0 +1,323 @@
+"""The ``microbatch`` command: run a batch, look at a pipeline, fix it.
+
+A pipeline is named by reference: ``path/to/job.py`` or ``path/to/job.py:attr`` or
+``package.module:attr`` (``attr`` defaults to ``pipeline``)::
+
+    microbatch run jobs/clickstream.py --parallelism 3
+    microbatch run jobs/clickstream.py --until 2026-11-23T10:05:00Z --dry-run
+    microbatch status jobs/clickstream.py
+    microbatch checkpoints jobs/clickstream.py --json
+    microbatch state jobs/clickstream.py user-42
+    microbatch reshard jobs/clickstream.py
+    microbatch unlock jobs/clickstream.py
+
+Every command prints a readable table, or JSON with ``--json``. Errors print one line
+naming what went wrong and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from microbatch.errors import ConfigError, MicrobatchError
+
+
+def load_pipeline(ref: str) -> Any:
+    """The Pipeline object ``ref`` points at (see the module docstring)."""
+    from microbatch.runtime import Pipeline
+
+    target, _, attr = ref.partition(":")
+    attr = attr or "pipeline"
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise ConfigError(f"pipeline file {target!r} does not exist")
+        name = f"microbatch_job_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"cannot import {target!r}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    obj = getattr(module, attr, None)
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise ConfigError(f"{ref!r}: {attr!r} is not a microbatch Pipeline (got {obj!r:.100})")
+    return obj
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch ms from an int or an ISO-8601 time (naive = UTC)."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"not an ISO-8601 time or epoch ms: {text!r}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return int(t.timestamp() * 1000)
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain text table."""
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def _store(pipeline: Any, settings: Any) -> Any:
+    from microbatch.storage import open_store
+
+    return open_store(pipeline.checkpoints, settings)
+
+
+def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.runtime import BatchOptions, BatchRunner
+    from microbatch.spark import spark_session
+
+    pipeline = load_pipeline(args.pipeline)
+    options = BatchOptions(
+        until_timestamp_ms=parse_time_ms(args.until) if args.until else None,
+        parallelism=args.parallelism,
+        max_records_per_batch=args.max_records,
+        dry_run=args.dry_run,
+        run_id=args.run_id,
+        crash_at=args.crash_at,
+    )
+    _progress(args, f"starting Spark ({settings.spark_master}) for pipeline {pipeline.name!r}")
+    spark = spark_session(settings, app_name=f"microbatch-{pipeline.name}")
+    results = []
+    for n in range(args.batches):
+        _progress(args, f"batch {n + 1}/{args.batches} ...")
+        result = BatchRunner(spark, pipeline, settings).run(options).to_json()
+        results.append(result)
+        _progress(args, _run_line(result))
+        if not args.json:  # for callers that parse the log (the Airflow operator)
+            print("MICROBATCH_RESULT " + json.dumps(result), flush=True)
+    return {"batches": results}
+
+
+def _run_line(r: dict[str, Any]) -> str:
+    return (
+        f"batch {r['batch_id']} {r['status']}: {r['records_in']} records in, outputs "
+        f"{r['outputs']}, {r['dead_letters']} dead letters, watermark {_fmt_ms(r['watermark'])}, "
+        f"parallelism {r['parallelism']}, {r['seconds'].get('total', 0)} s"
+    )
+
+
+def _progress(args: argparse.Namespace, text: str) -> None:
+    if not args.json:
+        print(text, file=sys.stderr, flush=True)
+
+
+def cmd_status(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.checkpoint import Layout, latest_manifest
+    from microbatch.kafka import KafkaBrokerView, partition_lag, snapshot_from_json
+
+    pipeline = load_pipeline(args.pipeline)
+    store = _store(pipeline, settings)
+    m = latest_manifest(store, Layout())
+    if m is None:
+        return {"pipeline": pipeline.name, "checkpoint": None, "checkpoints_url": store.url}
+    offsets = snapshot_from_json(m.metadata.get("offsets", {}))
+    with KafkaBrokerView(settings.kafka_bootstrap_servers) as view:
+        end = view.end_offsets(list(offsets))
+    lag = partition_lag(end, offsets)
+    return {
+        "pipeline": pipeline.name,
+        "checkpoints_url": store.url,
+        "checkpoint": m.checkpoint_id,
+        "created_at": m.created_at,
+        "parallelism": m.parallelism,
+        "max_parallelism": m.max_parallelism,
+        "watermark": m.metadata.get("watermark"),
+        "state_bytes": m.total_bytes,
+        "state_keys": m.total_keys,
+        "last_batch": m.metadata.get("stats", {}),
+        "partitions": [
+            {"partition": str(tp), "committed": offsets[tp], "end": end.get(tp), "lag": lag[tp]}
+            for tp in sorted(lag)
+        ],
+    }
+
+
+def _print_status(s: dict[str, Any]) -> None:
+    if s["checkpoint"] is None:
+        print(f"pipeline {s['pipeline']}: no checkpoint yet in {s['checkpoints_url']}")
+        return
+    stats = s["last_batch"]
+    print(
+        f"pipeline {s['pipeline']}: checkpoint {s['checkpoint']} at {s['created_at']}\n"
+        f"  parallelism {s['parallelism']} of max {s['max_parallelism']}, watermark "
+        f"{_fmt_ms(s['watermark'])}, state {s['state_keys']} keys / {s['state_bytes']} bytes\n"
+        f"  last batch: {stats.get('records_in', 0)} records in, outputs "
+        f"{stats.get('outputs', {})}, {stats.get('dead_letters', 0)} dead letters\n"
+    )
+    print(table(s["partitions"], ["partition", "committed", "end", "lag"]))
+
+
+def cmd_checkpoints(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
+
+    pipeline = load_pipeline(args.pipeline)
+    store = _store(pipeline, settings)
+    rows = []
+    for cid in list_checkpoints(store, Layout()):
+        m = load_manifest(store, Layout(), cid)
+        stats = m.metadata.get("stats", {})
+        rows.append(
+            {
+                "checkpoint": cid,
+                "created_at": m.created_at,
+                "parallelism": m.parallelism,
+                "records_in": stats.get("records_in", 0),
+                "dead_letters": stats.get("dead_letters", 0),
+                "watermark": _fmt_ms(m.metadata.get("watermark")),
+                "state_bytes": m.total_bytes,
+                "full": m.full_checkpoint_id == cid,
+            }
+        )
+    return {"pipeline": pipeline.name, "checkpoints": rows}
+
+
+def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.checkpoint import Layout, read_key_state
+
+    pipeline = load_pipeline(args.pipeline)
+    key: Any = int(args.key) if args.int_key else args.key
+    state = read_key_state(_store(pipeline, settings), Layout(), key, args.checkpoint)
+    return {"pipeline": pipeline.name, "key": key, "state": state}
+
+
+def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.checkpoint import Layout, latest_manifest, reshard
+    from microbatch.runtime import fence
+
+    pipeline = load_pipeline(args.pipeline)
+    store = _store(pipeline, settings)
+    owner = f"reshard-{time.time_ns()}"
+    with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s):
+        m = latest_manifest(store, Layout())
+        if m is None:
+            raise ConfigError(f"pipeline {pipeline.name!r} has no checkpoint to reshard")
+        target = args.max_parallelism or pipeline.max_parallelism
+        if target == m.max_parallelism:
+            raise ConfigError(
+                f"checkpoint {m.checkpoint_id} already has max_parallelism {target}; change "
+                "max_parallelism in the pipeline (or pass --max-parallelism) first"
+            )
+        result = reshard(store, Layout(), m.checkpoint_id, target)
+    return {
+        "pipeline": pipeline.name,
+        "from_checkpoint": m.checkpoint_id,
+        "to_checkpoint": result.target.checkpoint_id,
+        "max_parallelism": [m.max_parallelism, target],
+        "keys": result.keys,
+    }
+
+
+def cmd_unlock(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.runtime.fence import LEASE_KEY
+
+    pipeline = load_pipeline(args.pipeline)
+    store = _store(pipeline, settings)
+    held = store.exists(LEASE_KEY)
+    store.delete(LEASE_KEY)
+    return {"pipeline": pipeline.name, "released": held}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="microbatch", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("pipeline", help="path/to/job.py[:attr] or package.module[:attr]")
+        s.add_argument("--json", action="store_true", help="machine-readable output")
+        return s
+
+    run = add("run", "run the next batch(es)")
+    run.add_argument("--until", help="data-interval end (ISO-8601 or epoch ms)")
+    run.add_argument("--parallelism", type=int, help="operator instances for this batch")
+    run.add_argument("--max-records", type=int, help="cap on records in this batch")
+    run.add_argument("--batches", type=int, default=1, help="how many batches to run")
+    run.add_argument("--dry-run", action="store_true", help="plan only: show ranges and lag")
+    run.add_argument("--run-id", help="owner of the lease (a retry of the same run reuses it)")
+    run.add_argument("--crash-at", help=argparse.SUPPRESS)
+    add("status", "last checkpoint, lag per partition, watermark")
+    add("checkpoints", "list committed checkpoints")
+    st = add("state", "state and timers of one key")
+    st.add_argument("key")
+    st.add_argument("--int-key", action="store_true", help="the key is an int")
+    st.add_argument("--checkpoint", type=int, help="default: the latest")
+    rs = add("reshard", "rewrite the latest checkpoint for a new max_parallelism")
+    rs.add_argument("--max-parallelism", type=int, help="default: the pipeline's")
+    add("unlock", "release the lease of a run that died")
+    return p
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "status": cmd_status,
+    "checkpoints": cmd_checkpoints,
+    "state": cmd_state,
+    "reshard": cmd_reshard,
+    "unlock": cmd_unlock,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from microbatch.settings import Settings
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env()
+        out = COMMANDS[args.command](args, settings)
+    except MicrobatchError as e:
+        print(f"microbatch {args.command}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # Spark wraps task errors: show the library's message
+        text = str(e)
+        hit = text.find("microbatch.errors.")
+        print(f"microbatch {args.command}: {text[hit:hit + 2000] if hit >= 0 else text}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    if args.json:
+        print(json.dumps(out, indent=1, default=str))
+    elif args.command == "status":
+        _print_status(out)
+    elif args.command == "checkpoints":
+        cols = ["checkpoint", "created_at", "parallelism", "records_in", "dead_letters"]
+        print(table(out["checkpoints"], [*cols, "watermark", "state_bytes", "full"]))
+    elif args.command == "run":
+        pass  # progress lines already said it all
+    else:
+        print(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,641 @@
+"""One micro-batch = one checkpoint: the commit protocol, step by step.
+
+:func:`run_batch` runs, in order (each step a function below, each crash point named in
+``microbatch.runtime.faults``):
+
+0. **Fence** — take the pipeline's lease (a second run fails fast and clearly).
+1. **Recover** — if the newest checkpoint was committed but its output not published (a
+   crash after the commit), publish it now; publishing is idempotent.
+2. **Plan** — reuse the stored plan of this batch if an earlier attempt wrote one (so a
+   rerun reads the same records at the same parallelism); else plan the offset ranges
+   (up to the data interval's end and the limits) and store the plan *before* any work.
+3. **Execute** on Spark — stage 1 (``mapInArrow``): read the exact ranges, decode, key,
+   route; materialised once, its statistics give the batch watermark. Stage 2
+   (``groupBy('instance').applyInArrow``): every operator instance restores its
+   key-groups, processes its keys, fires timers, writes its state file and stages its
+   sink output.
+4. **Commit** — create the manifest (exclusive create): offsets of every partition,
+   key-group index, watermark, staged output, stats. The single commit point.
+5. **Publish** — make staged output visible (Parquet commit entries; one Kafka
+   transaction per sink), mirror offsets to the pipeline's consumer group.
+6. **GC** — retention of checkpoints, their plans and published staging.
+
+A crash anywhere, then a rerun, gives the outputs and state of a run without the crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from microbatch.checkpoint import (
+    Layout,
+    Manifest,
+    build_manifest,
+    collect_garbage,
+    commit_manifest,
+    latest_manifest,
+    should_write_full,
+)
+from microbatch.errors import BatchError, CheckpointError, MicrobatchError
+from microbatch.kafka import (
+    KAFKA_SCHEMA,
+    BatchLimits,
+    BatchPlan,
+    KafkaBrokerView,
+    PlanStore,
+    StartingPosition,
+    TopicPartition,
+    consumer_group_name,
+    mirror_offsets,
+    partition_lag,
+    read_ranges,
+    snapshot_from_json,
+    snapshot_to_json,
+)
+from microbatch.runtime import fence
+from microbatch.runtime.faults import check_crash_point, crash_if
+from microbatch.runtime.keyed import RESULT_DDL, TICK, StageTwo
+from microbatch.runtime.keyed import snapshot_from_json as snap_in
+from microbatch.runtime.pipeline import (
+    DEAD_LETTER_SINK,
+    KafkaSink,
+    Pipeline,
+    check_parallelism_for,
+)
+from microbatch.runtime.records import (
+    DEAD_LETTER,
+    ENVELOPE_SCHEMA,
+    PENDING,
+    PENDING_HEADER,
+    RECORD,
+    STAT,
+    StageOne,
+)
+from microbatch.runtime.watermark import WatermarkState, advance, partition_name
+from microbatch.settings import Settings
+from microbatch.sinks import kafka as kafka_sink
+from microbatch.sinks import parquet as parquet_sink
+from microbatch.storage import ObjectNotFoundError, ObjectStore, open_store
+
+log = logging.getLogger(__name__)
+SPEC_PREFIX = "batches/"
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchOptions:
+    """Per-run choices; None means "the pipeline's default"."""
+
+    until_timestamp_ms: int | None = None
+    parallelism: int | None = None
+    max_records_per_batch: int | None = None
+    dry_run: bool = False
+    run_id: str | None = None
+    crash_at: str | None = None
+
+
+@dataclasses.dataclass
+class BatchResult:
+    """What a batch did; ``to_json()`` is what the CLI, XCom and the UI show."""
+
+    pipeline: str
+    batch_id: int
+    parallelism: int
+    status: str  # "committed" | "dry_run"
+    replayed: bool = False
+    records_in: int = 0
+    dead_letters: int = 0
+    dead_letter_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    outputs: dict[str, int] = dataclasses.field(default_factory=dict)
+    watermark: int | None = None
+    lag: dict[str, int] = dataclasses.field(default_factory=dict)
+    ranges: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    recovered_publish: int | None = None
+    state_bytes_written: int = 0
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def spec_key(batch_id: int) -> str:
+    return f"{SPEC_PREFIX}{batch_id:020d}.json"
+
+
+def _offsets(manifest: Manifest | None) -> dict[TopicPartition, int] | None:
+    if manifest is None:
+        return None
+    return snapshot_from_json(manifest.metadata.get("offsets", {}))
+
+
+def _starting(pipeline: Pipeline) -> StartingPosition:
+    s = pipeline.source.starting
+    if s == "earliest":
+        return StartingPosition.earliest()
+    if s == "latest":
+        return StartingPosition.latest()
+    return StartingPosition.timestamp(int(s))
+
+
+class BatchRunner:
+    """Runs batches of one pipeline on one SparkSession (driver side)."""
+
+    def __init__(self, spark: Any, pipeline: Pipeline, settings: Settings) -> None:
+        self.spark = spark
+        self.pipeline = pipeline
+        self.settings = settings
+        self.store: ObjectStore = open_store(pipeline.checkpoints, settings)
+        self.layout = Layout()
+        self.plans = PlanStore(self.store)
+        _ship_user_code(pipeline)
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    # Step 1 -------------------------------------------------------------------------
+    def check_base(self, base: Manifest | None) -> None:
+        if base is not None and base.pipeline_fingerprint != self.pipeline.fingerprint():
+            raise CheckpointError(
+                f"pipeline {self.name!r}: checkpoint {base.checkpoint_id} in {self.store.url} "
+                f"was written by a different pipeline definition (fingerprint "
+                f"{base.pipeline_fingerprint}, now {self.pipeline.fingerprint()}: the name "
+                "or the process class changed). Use a new checkpoint location for a new "
+                "pipeline."
+            )
+        if base is not None and base.max_parallelism != self.pipeline.max_parallelism:
+            raise CheckpointError(
+                f"pipeline {self.name!r}: checkpoint {base.checkpoint_id} has max_parallelism "
+                f"{base.max_parallelism} but the pipeline now says "
+                f"{self.pipeline.max_parallelism}. Run `microbatch reshard` to rewrite the "
+                "state for the new value, or restore the old value."
+            )
+
+    def publish(self, manifest: Manifest, crash_at: str | None = None) -> None:
+        """Step 5 (and 1): make a committed batch's output visible; idempotent."""
+        batch_id = manifest.checkpoint_id
+        staged_all = manifest.metadata.get("sinks", {})
+        if "resharded_from" in manifest.metadata:  # a reshard has no output of its own
+            self.store.put(f"published/{batch_id:020d}", b"")
+            return
+        for n, sink in enumerate(self.pipeline.all_sinks()):
+            staged = [s for s in staged_all.get(sink.name, []) if s]
+            if isinstance(sink, KafkaSink):
+                messages = kafka_sink.load_messages(self.store, staged)
+                kafka_sink.publish_messages(
+                    self.settings.kafka_bootstrap_servers,
+                    self.name,
+                    sink.name,
+                    sink.topic,
+                    batch_id,
+                    messages,
+                )
+            else:
+                store = open_store(sink.url, self.settings)
+                parquet_sink.publish_parquet(store, batch_id, staged)
+            if n == 0:
+                crash_if(crash_at, "during_publish", f"pipeline {self.name!r} batch {batch_id}")
+        self.store.put(f"published/{batch_id:020d}", b"")
+        try:
+            mirror_offsets(
+                self.settings.kafka_bootstrap_servers,
+                consumer_group_name(self.name),
+                snapshot_from_json(manifest.metadata.get("offsets", {})),
+            )
+        except MicrobatchError as e:  # the mirror is informational; the manifest is truth
+            log.warning("pipeline %s: could not mirror offsets: %s", self.name, e)
+
+    def is_published(self, batch_id: int) -> bool:
+        return self.store.exists(f"published/{batch_id:020d}")
+
+    # Step 2 -------------------------------------------------------------------------
+    def plan(
+        self, base: Manifest | None, options: BatchOptions
+    ) -> tuple[BatchPlan, dict[str, Any], bool]:
+        """(plan, spec, replayed): the stored plan of the next batch or a new one."""
+        batch_id = 0 if base is None else base.checkpoint_id + 1
+        existing = self.plans.load(batch_id)
+        replayed = existing is not None
+        if existing is None:
+            src = self.pipeline.source
+            limit = options.max_records_per_batch or src.max_records_per_batch
+            with KafkaBrokerView(self.settings.kafka_bootstrap_servers) as view:
+                plan = self.plans.plan_or_replay(
+                    view,
+                    pipeline=self.name,
+                    topics=src.topics,
+                    committed=_offsets(base),
+                    committed_batch_id=None if base is None else base.checkpoint_id,
+                    starting=_starting(self.pipeline),
+                    limits=BatchLimits(src.max_records_per_partition, limit),
+                    until_timestamp_ms=options.until_timestamp_ms,
+                    on_out_of_range=src.on_out_of_range,
+                )
+        else:
+            plan = existing
+        parallelism = check_parallelism_for(
+            self.pipeline, options.parallelism or self.pipeline.parallelism
+        )
+        spec = {"batch_id": batch_id, "parallelism": parallelism, "run_id": options.run_id}
+        try:
+            self.store.create(spec_key(batch_id), json.dumps(spec).encode())
+        except MicrobatchError:
+            stored = json.loads(self.store.get(spec_key(batch_id)))
+            if stored["parallelism"] != parallelism:
+                log.warning(
+                    "pipeline %s: batch %s replays its recorded plan at parallelism %s; "
+                    "parallelism %s applies from the next batch",
+                    self.name,
+                    batch_id,
+                    stored["parallelism"],
+                    parallelism,
+                )
+            spec = stored
+        return plan, spec, replayed
+
+    def lag(self, offsets: dict[TopicPartition, int]) -> dict[str, int]:
+        with KafkaBrokerView(self.settings.kafka_bootstrap_servers) as view:
+            end = view.end_offsets(list(offsets))
+        return {str(tp): n for tp, n in partition_lag(end, offsets).items()}
+
+    # Step 3 -------------------------------------------------------------------------
+    def stage_one(
+        self,
+        plan: BatchPlan,
+        parallelism: int,
+        watermark: int | None,
+        crash_at: str | None,
+        pending: pa.Table | None,
+    ) -> Any:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
+        kafka = read_ranges(self.spark, self.settings.kafka_bootstrap_servers, plan.ranges)
+        if pending is not None and pending.num_rows:
+            kafka = kafka.unionByName(self.spark.createDataFrame(pending.to_pandas()))
+        enrich = self.pipeline.enrich
+        deadline = None
+        if enrich is not None and enrich.deadline_s is not None:
+            deadline = time.time() + enrich.deadline_s
+        fn = StageOne(self.pipeline, parallelism, watermark, crash_at, deadline)
+        return kafka.mapInArrow(fn, envelope_type)
+
+    def load_pending(self, base: Manifest | None) -> pa.Table | None:
+        """Enrichment inputs the last batch left unfinished, as Kafka-shaped rows."""
+        ref = (base.metadata if base else {}).get("enrich_pending")
+        if not ref:
+            return None
+        data = ipc.open_file(io.BytesIO(self.store.get(ref["file"]))).read_all()
+        n = data.num_rows
+        return pa.table(
+            {
+                "key": pa.nulls(n, pa.binary()),
+                "value": data.column("payload"),
+                "topic": data.column("topic"),
+                "partition": data.column("partition"),
+                "offset": data.column("offset"),
+                "timestamp": pa.array([0] * n, pa.int64()),
+                "headers": [[{"key": PENDING_HEADER, "value": b"1"}]] * n,
+            },
+            schema=KAFKA_SCHEMA,
+        )
+
+    def save_pending(self, envelopes: Any, batch_id: int) -> dict[str, Any] | None:
+        from pyspark.sql import functions as F
+
+        rows = (
+            envelopes.filter(F.col("kind") == PENDING)
+            .select("topic", "partition", "offset", "payload")
+            .orderBy("topic", "partition", "offset")
+            .collect()
+        )
+        if not rows:
+            return None
+        table = pa.Table.from_pylist(
+            [r.asDict() for r in rows],
+            schema=pa.schema(
+                [
+                    ("topic", pa.string()),
+                    ("partition", pa.int32()),
+                    ("offset", pa.int64()),
+                    ("payload", pa.binary()),
+                ]
+            ),
+        )
+        buf = io.BytesIO()
+        with ipc.new_file(buf, table.schema) as writer:
+            writer.write_table(table)
+        key = f"pending/{batch_id:020d}.arrow"
+        self.store.put(key, buf.getvalue())
+        return {"file": key, "count": table.num_rows}
+
+    def stage_two(self, envelopes: Any, stage: StageTwo, parallelism: int) -> list[dict]:
+        from pyspark.sql import functions as F
+
+        def per_instance(key: Any, table: Any) -> Any:  # a plain function: Spark counts args
+            return stage(key, table)
+
+        ticks = self.spark.createDataFrame(_ticks(parallelism))
+        rows = envelopes.filter(F.col("kind").isin(RECORD, DEAD_LETTER)).unionByName(ticks)
+        out = (
+            rows.repartition(parallelism, "instance")
+            .groupBy("instance")
+            .applyInArrow(per_instance, RESULT_DDL)
+            .collect()
+        )
+        results = [json.loads(r["result"]) for r in out]
+        got = sorted(r["instance"] for r in results)
+        if got != list(range(parallelism)):
+            raise BatchError(
+                f"pipeline {self.name!r} batch {stage.batch_id}: instances {got} reported, "
+                f"expected 0..{parallelism - 1}"
+            )
+        return sorted(results, key=lambda r: r["instance"])
+
+    # The protocol ---------------------------------------------------------------------
+    def run(self, options: BatchOptions = BatchOptions()) -> BatchResult:
+        crash_at = check_crash_point(options.crash_at)
+        owner = options.run_id or f"cli-{uuid.uuid4().hex[:12]}"
+        with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
+            return self._run(options, crash_at)
+
+    def _run(self, options: BatchOptions, crash_at: str | None) -> BatchResult:
+        t0 = time.perf_counter()
+        seconds: dict[str, float] = {}
+
+        def lap(name: str, since: float) -> float:
+            now = time.perf_counter()
+            seconds[name] = round(now - since, 3)
+            return now
+
+        # Step 1: recover an unpublished commit.
+        base = latest_manifest(self.store, self.layout)
+        self.check_base(base)
+        recovered = None
+        if base is not None and not self.is_published(base.checkpoint_id):
+            log.info("pipeline %s: publishing committed batch %s", self.name, base.checkpoint_id)
+            self.publish(base)
+            recovered = base.checkpoint_id
+        t = lap("recover", t0)
+
+        # Step 2: plan (or replay the stored plan).
+        plan, spec, replayed = self.plan(base, options)
+        batch_id, parallelism = plan.batch_id, spec["parallelism"]
+        where = f"pipeline {self.name!r} batch {batch_id}"
+        result = BatchResult(self.name, batch_id, parallelism, "dry_run", replayed)
+        result.recovered_publish = recovered
+        result.ranges = [
+            {"topic": r.topic, "partition": r.partition, "from": r.start, "until": r.end}
+            for r in plan.ranges
+        ]
+        t = lap("plan", t)
+        crash_if(crash_at, "after_plan", where)
+        if options.dry_run:
+            result.lag = self.lag(plan.start_offsets)
+            result.seconds = seconds
+            return result
+
+        # Step 3: execute.
+        wm_state = WatermarkState.from_json((base.metadata if base else {}).get("event_time"))
+        pending_in = self.load_pending(base)
+        envelopes = self.stage_one(
+            plan, parallelism, wm_state.watermark, crash_at, pending_in
+        ).persist()
+        try:
+            stats = _stage_one_stats(envelopes)
+            pending_out = self.save_pending(envelopes, batch_id) if stats["pending"] else None
+            t = lap("read", t)
+            if self.pipeline.event_time is not None:
+                wm_state = advance(
+                    wm_state, stats["max_event"], plan.created_at, self.pipeline.event_time
+                )
+            full = should_write_full(base, batch_id, self.pipeline.full_checkpoint_every)
+            stage = StageTwo(
+                pipeline=self.pipeline,
+                settings=self.settings,
+                batch_id=batch_id,
+                parallelism=parallelism,
+                base_manifest=None if base is None else base.to_json(),
+                watermark=wm_state.watermark,
+                processing_time_ms=plan.created_at,
+                full=full,
+                crash_at=crash_at,
+            )
+            results = self.stage_two(envelopes, stage, parallelism)
+        finally:
+            envelopes.unpersist()
+        t = lap("process", t)
+        crash_if(crash_at, "after_sink_staging", where)
+
+        # Dead-letter threshold, before anything commits.
+        records_in = stats["inputs"]
+        dead = sum(r["stats"].get("dead_letters", 0) for r in results)
+        reasons: dict[str, int] = {}
+        for r in results:
+            for k, v in r["stats"].items():
+                if k.startswith("dead_letters."):
+                    reasons[k.split(".", 1)[1]] = reasons.get(k.split(".", 1)[1], 0) + v
+        dl = self.pipeline.dead_letters
+        if dl is not None and dl.max_ratio is not None and records_in:
+            ratio = dead / records_in
+            if ratio > dl.max_ratio:
+                raise BatchError(
+                    f"{where}: {dead} of {records_in} records ({ratio:.1%}) went to the dead "
+                    f"letters, above max_ratio {dl.max_ratio:.1%}; reasons: {reasons}. Nothing "
+                    "was committed: fix the input or the pipeline, or raise max_ratio."
+                )
+
+        # Step 4: commit the manifest.
+        snaps = [snap_in(r["snapshot"]) for r in results]
+        sinks: dict[str, list[Any]] = {s.name: [] for s in self.pipeline.all_sinks()}
+        for r in results:
+            for name, staged in r["staged"].items():
+                sinks[name].append(staged)
+        outputs = {name: sum(s["rows"] for s in staged if s) for name, staged in sinks.items()}
+        offsets = plan.end_offsets()
+        metadata = {
+            "batch": {
+                "parallelism": parallelism,
+                "processing_time_ms": plan.created_at,
+                "until_timestamp_ms": plan.until_timestamp_ms,
+                "run_id": spec.get("run_id"),
+                "replayed": replayed,
+            },
+            "offsets": snapshot_to_json(offsets),
+            "event_time": wm_state.to_json(),
+            "watermark": wm_state.watermark,
+            "enrich_pending": pending_out,
+            "sinks": sinks,
+            "stats": {
+                "records_in": records_in,
+                "dead_letters": dead,
+                "dead_letter_reasons": reasons,
+                "outputs": outputs,
+                "enrich_pending": stats["pending"],
+                "enrich_reissued": 0 if pending_in is None else pending_in.num_rows,
+                "per_partition": stats["per_partition"],
+                "skipped": snapshot_to_json(plan.skipped),
+                "instances": [
+                    {"instance": r["instance"], **r["stats"], "seconds": r["seconds"]}
+                    for r in results
+                ],
+            },
+        }
+        manifest = build_manifest(
+            batch_id,
+            snaps,
+            max_parallelism=self.pipeline.max_parallelism,
+            pipeline_fingerprint=self.pipeline.fingerprint(),
+            base=base,
+            full=full,
+            metadata=metadata,
+        )
+        try:
+            commit_manifest(self.store, self.layout, manifest)
+        except CheckpointError as e:
+            raise BatchError(
+                f"{where}: another run committed this batch first; this run's work is "
+                f"discarded ({e})"
+            ) from e
+        t = lap("commit", t)
+        crash_if(crash_at, "after_commit", where)
+
+        # Step 5: publish.
+        self.publish(manifest, crash_at)
+        t = lap("publish", t)
+
+        # Step 6: GC.
+        self.gc()
+        lap("gc", t)
+        seconds["total"] = round(time.perf_counter() - t0, 3)
+
+        result.status = "committed"
+        result.records_in = records_in
+        result.dead_letters = dead
+        result.dead_letter_reasons = reasons
+        result.outputs = {k: v for k, v in outputs.items() if k != DEAD_LETTER_SINK}
+        result.watermark = wm_state.watermark
+        result.state_bytes_written = sum(s.bytes_written for s in snaps)
+        result.lag = self.lag(offsets)
+        result.seconds = seconds
+        log.info("%s committed: %s", where, json.dumps(result.to_json()))
+        return result
+
+    # Step 6 -------------------------------------------------------------------------
+    def gc(self) -> None:
+        kept = collect_garbage(self.store, self.layout, self.pipeline.retain_checkpoints)
+        if not kept.retained:
+            return
+        oldest, newest = kept.retained[0], kept.retained[-1]
+        for prefix, keep in (
+            (SPEC_PREFIX, lambda b: b >= oldest),
+            ("plans/", lambda b: b >= oldest),
+            ("pending/", lambda b: b >= oldest),
+            ("published/", lambda b: b >= oldest),
+            ("staging/", lambda b: b > newest),  # published staging is no longer needed
+        ):
+            for key in self.store.list(prefix):
+                batch = _batch_of(key[len(prefix) :])
+                if batch is not None and not keep(batch) and self.is_safe_to_drop(key, newest):
+                    self.store.delete(key)
+
+    def is_safe_to_drop(self, key: str, newest: int) -> bool:
+        # Staging of the newest batch is dropped only once it is published.
+        return not key.startswith(f"staging/{newest:020d}/") or self.is_published(newest)
+
+
+def _batch_of(name: str) -> int | None:
+    head = name.split("/", 1)[0].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _ticks(parallelism: int) -> Any:
+    cols: dict[str, list[Any]] = {f.name: [None] * parallelism for f in ENVELOPE_SCHEMA}
+    cols["kind"] = [TICK] * parallelism
+    cols["instance"] = list(range(parallelism))
+    return pa.Table.from_pydict(cols, schema=ENVELOPE_SCHEMA).to_pandas()
+
+
+def _stage_one_stats(envelopes: Any) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    rows = (
+        envelopes.groupBy("kind", "topic", "partition")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.max("event_ts").alias("max_event"),
+            F.sum("offset").alias("offset_sum"),
+        )
+        .collect()
+    )
+    out: dict[str, Any] = {
+        "inputs": 0,
+        "records": 0,
+        "dead": 0,
+        "pending": 0,
+        "max_event": {},
+        "per_partition": {},
+    }
+    for r in rows:
+        name = partition_name(r["topic"], r["partition"])
+        per = out["per_partition"].setdefault(name, {"inputs": 0, "records": 0, "dead_letters": 0})
+        if r["kind"] == STAT:
+            out["inputs"] += r["offset_sum"]
+            per["inputs"] += r["offset_sum"]
+        elif r["kind"] == PENDING:
+            out["pending"] += r["n"]
+        elif r["kind"] == RECORD:
+            out["records"] += r["n"]
+            per["records"] += r["n"]
+            if r["max_event"] is not None:
+                out["max_event"][name] = r["max_event"]
+        else:
+            out["dead"] += r["n"]
+            per["dead_letters"] += r["n"]
+    return out
+
+
+def _ship_user_code(pipeline: Pipeline) -> None:
+    """Pickle the pipeline's own modules by value, so Spark workers need not import them
+    (a job file run by spark-submit, a test module): only the library must be installed."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    objs: list[Any] = [pipeline.process, pipeline.source.decoder]
+    if callable(pipeline.key_by):
+        objs.append(pipeline.key_by)
+    if pipeline.enrich is not None:
+        objs.append(pipeline.enrich.make_operator)
+    for obj in objs:
+        mod_name = getattr(obj, "__module__", None) or type(obj).__module__
+        module = sys.modules.get(mod_name)
+        if (
+            module is None
+            or mod_name == "__main__"
+            or mod_name.startswith(("microbatch", "builtins"))
+        ):
+            continue
+        cloudpickle.register_pickle_by_value(module)
+
+
+def run_batch(
+    spark: Any, pipeline: Pipeline, settings: Settings, options: BatchOptions = BatchOptions()
+) -> BatchResult:
+    """Run the next batch of ``pipeline`` (see the module docstring)."""
+    return BatchRunner(spark, pipeline, settings).run(options)
+
+
+def load_spec(store: ObjectStore, batch_id: int) -> dict[str, Any] | None:
+    try:
+        return json.loads(store.get(spec_key(batch_id)))
+    except ObjectNotFoundError:
+        return None

@@ -1,0 +1,331 @@
+"""Stage 2 of a batch, one call per operator instance: keyed processing and staging.
+
+Instance ``i`` of ``P`` gets every envelope row routed to it (its key-groups' records and
+the dead letters it stages) plus one ``tick`` row, so it runs even without input and its
+timers fire. In order:
+
+1. restore its key-groups from the base checkpoint (only their byte ranges);
+2. call ``process(key, records)`` per key, keys in key-byte order, each key's records by
+   (topic, partition, offset, seq) — a deterministic order, so a rerun computes the same;
+3. advance the watermark: ``on_timer`` for each due timer, in timestamp order;
+4. write its state file (full or only changed key-groups);
+5. stage each sink's output at deterministic keys;
+6. return a JSON summary (state snapshot, staged files, stats) for the driver's manifest.
+
+The state clock is the batch's recorded processing time, not the wall clock, so TTL
+expiry is the same on every rerun.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from microbatch.checkpoint import InstanceSnapshot, KeyGroupEntry, Layout, Manifest
+from microbatch.checkpoint.restore import restore_instance
+from microbatch.checkpoint.writer import write_instance
+from microbatch.errors import ConfigError, ProcessError
+from microbatch.keygroups import KeyGroupRange, decode_key, key_group_range
+from microbatch.runtime.faults import crash_if
+from microbatch.runtime.pipeline import DEAD_LETTER_SINK, KafkaSink, ParquetSink, Pipeline
+from microbatch.runtime.process import ProcessContext
+from microbatch.runtime.records import DEAD_LETTER, RECORD
+from microbatch.settings import Settings
+from microbatch.sinks import kafka as kafka_sink
+from microbatch.sinks import parquet as parquet_sink
+from microbatch.sinks.deadletters import dead_letter_messages, dead_letter_table
+from microbatch.state import KeyedStateBackend
+from microbatch.state.codec import decode_value
+from microbatch.storage import open_store
+
+RESULT_DDL = "instance INT, result STRING"
+TICK = "tick"
+SOURCE_ORDER = ("topic", "partition", "offset", "seq")
+
+
+def _error_text(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()[:2000]
+
+
+class _KeyBackup:
+    """The state and timers of one key, to undo a failed call (dead-letter policy)."""
+
+    def __init__(self, backend: KeyedStateBackend, kg: int, key_bytes: bytes) -> None:
+        self.backend, self.kg, self.key_bytes = backend, kg, key_bytes
+        self.entries = {
+            name: _copy(table.get(key_bytes))
+            for name, table in backend.groups.get(kg, {}).items()
+            if key_bytes in table
+        }
+        self.timers = backend.timers.of_key(kg, key_bytes)
+
+    def restore(self) -> None:
+        for name, table in self.backend.groups.get(self.kg, {}).items():
+            if name in self.entries:
+                table[self.key_bytes] = _copy(self.entries[name])
+            else:
+                table.pop(self.key_bytes, None)
+        for ts in self.backend.timers.of_key(self.kg, self.key_bytes):
+            self.backend.delete_timer(self.kg, self.key_bytes, ts)
+        for ts in self.timers:
+            self.backend.register_timer(self.kg, self.key_bytes, ts)
+
+
+def _copy(entry: Any) -> Any:
+    if isinstance(entry, list):
+        return list(entry)
+    if isinstance(entry, dict):
+        return dict(entry)
+    return entry
+
+
+def snapshot_to_json(snap: InstanceSnapshot) -> dict[str, Any]:
+    return {
+        "index": snap.index,
+        "key_groups": [snap.key_groups.start, snap.key_groups.end],
+        "entries": {
+            str(kg): None if e is None else dataclasses.asdict(e) for kg, e in snap.entries.items()
+        },
+        "written": sorted(snap.written),
+        "file": snap.file,
+        "bytes_written": snap.bytes_written,
+    }
+
+
+def snapshot_from_json(body: dict[str, Any]) -> InstanceSnapshot:
+    return InstanceSnapshot(
+        index=body["index"],
+        key_groups=KeyGroupRange(*body["key_groups"]),
+        entries={
+            int(kg): None if e is None else KeyGroupEntry(**e) for kg, e in body["entries"].items()
+        },
+        written=frozenset(body["written"]),
+        file=body["file"],
+        bytes_written=body["bytes_written"],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTwo:
+    """The picklable per-instance function of ``groupBy('instance').applyInArrow``."""
+
+    pipeline: Pipeline
+    settings: Settings
+    batch_id: int
+    parallelism: int
+    base_manifest: bytes | None
+    watermark: int | None
+    processing_time_ms: int
+    full: bool
+    crash_at: str | None = None
+
+    def __call__(self, key: tuple[Any, ...], table: pa.Table) -> pa.Table:
+        instance = key[0].as_py() if hasattr(key[0], "as_py") else int(key[0])
+        result = self.run(instance, table)
+        return pa.table(
+            {"instance": pa.array([instance], pa.int32()), "result": [json.dumps(result)]}
+        )
+
+    def _where(self, instance: int) -> str:
+        return f"pipeline {self.pipeline.name!r} batch {self.batch_id} instance {instance}"
+
+    def restore(self, store: Any, instance: int) -> tuple[KeyedStateBackend, dict[str, Any]]:
+        clock = lambda: self.processing_time_ms / 1000  # noqa: E731 - deterministic TTL
+        maxp = self.pipeline.max_parallelism
+        if self.base_manifest is None:
+            own = key_group_range(maxp, self.parallelism, instance)
+            return KeyedStateBackend(maxp, own, clock=clock), {"requests": 0, "bytes": 0}
+        base = Manifest.from_json(self.base_manifest, f"base of batch {self.batch_id}")
+        backend, stats = restore_instance(store, base, self.parallelism, instance, clock=clock)
+        return backend, {"requests": stats.requests, "bytes": stats.bytes_read}
+
+    def run(self, instance: int, table: pa.Table) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        pipeline = self.pipeline
+        store = open_store(pipeline.checkpoints, self.settings)
+        backend, restored = self.restore(store, instance)
+        t_restore = time.perf_counter()
+
+        outputs: dict[str, list[Any]] = {s.name: [] for s in pipeline.sinks}
+        dead: list[dict[str, Any]] = []
+        stats: Counter[str] = Counter()
+
+        def emit_all(ctx: ProcessContext) -> None:
+            for sink, record in ctx.emitted:
+                if sink is None:
+                    for rows in outputs.values():
+                        rows.append(record)
+                elif sink in outputs:
+                    outputs[sink].append(record)
+                else:
+                    raise ConfigError(
+                        f"{self._where(instance)}: ctx.emit(..., sink={sink!r}) names no sink "
+                        f"of the pipeline (sinks: {sorted(outputs)})"
+                    )
+
+        def dead_letter(reason: str, error: str, **src: Any) -> None:
+            stats[f"dead_letters.{reason}"] += 1
+            dead.append(
+                {
+                    "pipeline": pipeline.name,
+                    "batch_id": self.batch_id,
+                    "reason": reason,
+                    "error": error,
+                    "topic": src.get("topic"),
+                    "partition": src.get("partition"),
+                    "offset": src.get("offset"),
+                    "attempts": src.get("attempts"),
+                    "raw_key": src.get("raw_key"),
+                    "raw_value": src.get("raw_value"),
+                }
+            )
+
+        # Dead letters of stage 1, in source order.
+        dl = table.filter(pc.equal(table.column("kind"), DEAD_LETTER))
+        dl = dl.sort_by([(c, "ascending") for c in SOURCE_ORDER])
+        for row in dl.to_pylist():
+            dead_letter(
+                row["reason"], row["error"], topic=row["topic"], partition=row["partition"],
+                offset=row["offset"], attempts=row["attempts"], raw_key=row["raw_key"],
+                raw_value=row["raw_value"],
+            )  # fmt: skip
+
+        # Step 2: process() per key.
+        recs = table.filter(pc.equal(table.column("kind"), RECORD))
+        recs = recs.sort_by([(c, "ascending") for c in ("key", *SOURCE_ORDER)])
+        cols = recs.select(["key", "key_group", "topic", "partition", "offset", "payload"])
+        cols = cols.to_pydict()
+        n = len(cols["key"])
+        stats["records"] = n
+        i = 0
+        while i < n:
+            key_bytes, kg = cols["key"][i], cols["key_group"][i]
+            j = i
+            while j < n and cols["key"][j] == key_bytes:
+                j += 1
+            records = [decode_value(p) for p in cols["payload"][i:j]]
+            key = decode_key(key_bytes)
+            backup = (
+                _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None
+            )
+            ctx = ProcessContext(backend.for_key(key), self.watermark, self.processing_time_ms)
+            try:
+                pipeline.process.process(key, records, ctx)
+            except Exception as e:
+                first = f"{cols['topic'][i]}[{cols['partition'][i]}]@{cols['offset'][i]}"
+                if backup is None:
+                    raise ProcessError(
+                        f"{self._where(instance)}: process() raised for key {key!r} "
+                        f"(key-group {kg}, {j - i} records from {first}): {_error_text(e)}. "
+                        "Fix the function, or set on_process_error='dead_letter'."
+                    ) from e
+                backup.restore()
+                for r in range(i, j):
+                    dead_letter(
+                        "process_failed", _error_text(e), topic=cols["topic"][r],
+                        partition=cols["partition"][r], offset=cols["offset"][r],
+                        raw_value=json.dumps(records[r - i], default=str).encode(),
+                    )  # fmt: skip
+            else:
+                emit_all(ctx)
+            stats["keys"] += 1
+            i = j
+
+        # Step 3: timers.
+        def on_timer(key_ctx: Any, ts: int) -> None:
+            stats["timers_fired"] += 1
+            ctx = ProcessContext(key_ctx, self.watermark, self.processing_time_ms)
+            backup = None
+            if pipeline.on_process_error != "fail":
+                backup = _KeyBackup(backend, key_ctx.key_group, key_ctx.key_bytes)
+            try:
+                pipeline.process.on_timer(key_ctx.key, ts, ctx)
+            except Exception as e:
+                if backup is None:
+                    raise ProcessError(
+                        f"{self._where(instance)}: on_timer() raised for key {key_ctx.key!r} "
+                        f"timer {ts}: {_error_text(e)}. Fix the function, or set "
+                        "on_process_error='dead_letter'."
+                    ) from e
+                backup.restore()
+                body = {"key": repr(key_ctx.key), "timer": ts}
+                dead_letter("timer_failed", _error_text(e), raw_value=json.dumps(body).encode())
+            else:
+                emit_all(ctx)
+
+        if self.watermark is not None:
+            backend.advance_watermark(self.watermark, on_timer)
+        t_process = time.perf_counter()
+
+        # Step 4: state file.
+        base = (
+            Manifest.from_json(self.base_manifest, "base")
+            if self.base_manifest is not None
+            else None
+        )
+        snap = write_instance(
+            store, Layout(), backend, self.batch_id, instance, base, full=self.full
+        )
+        t_state = time.perf_counter()
+        crash_if(self.crash_at, "after_state_files", self._where(instance))
+
+        # Step 5: stage sink output.
+        staged: dict[str, Any] = {}
+        for sink in pipeline.all_sinks():
+            if sink.name == DEAD_LETTER_SINK:
+                rows = dead
+                table_out = (
+                    dead_letter_messages(rows)
+                    if isinstance(sink, KafkaSink)
+                    else dead_letter_table(rows)
+                )
+            else:
+                rows = outputs[sink.name]
+                table_out = (
+                    kafka_sink.json_messages(rows, sink.key_field)
+                    if isinstance(sink, KafkaSink)
+                    else parquet_sink.to_table(sink.name, rows, sink.schema)
+                )
+            staged[sink.name] = stage_output(
+                sink, store, self.settings, self.batch_id, instance, table_out
+            )
+        t_stage = time.perf_counter()
+        stats["dead_letters"] = len(dead)
+        for name, rows in outputs.items():
+            stats[f"out.{name}"] = len(rows)
+        return {
+            "instance": instance,
+            "snapshot": snapshot_to_json(snap),
+            "staged": staged,
+            "stats": dict(stats),
+            "restored": restored,
+            "seconds": {
+                "restore": round(t_restore - t0, 4),
+                "process": round(t_process - t_restore, 4),
+                "state": round(t_state - t_process, 4),
+                "stage": round(t_stage - t_state, 4),
+            },
+        }
+
+
+def stage_output(
+    sink: ParquetSink | KafkaSink,
+    checkpoint_store: Any,
+    settings: Settings,
+    batch_id: int,
+    instance: int,
+    table: pa.Table,
+) -> dict[str, Any] | None:
+    """Parquet: the final file in the sink (invisible until published). Kafka: an Arrow
+    file in the checkpoint store, produced at publish time."""
+    if isinstance(sink, ParquetSink):
+        store = open_store(sink.url, settings)
+        return parquet_sink.stage_parquet(store, sink.name, batch_id, instance, table)
+    return kafka_sink.stage_messages(checkpoint_store, sink.name, batch_id, instance, table)

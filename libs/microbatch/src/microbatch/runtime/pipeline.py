@@ -1,0 +1,318 @@
+"""A pipeline definition: source → (enrich) → key_by → keyed process → sinks.
+
+Everything a batch needs is declared here and validated when the pipeline is built, so a
+typo fails in the DAG file or CLI, not halfway through a batch::
+
+    pipeline = Pipeline(
+        name="clickstream",
+        source=KafkaSource(topics=("clicks",), starting="earliest"),
+        key_by="user_id",
+        process=Sessionize(),
+        event_time=EventTime(field="ts", allowed_lateness_s=60),
+        sinks=(ParquetSink("sessions", "s3://bucket/sessions"),),
+        dead_letters=DeadLetterSink(path="s3://bucket/dead-letters"),
+        checkpoints="s3://bucket/checkpoints/clickstream",
+        max_parallelism=128,
+        parallelism=2,
+    )
+
+Records between stages are plain data (the state codec's types: dicts of str/int/float/
+bool/None/lists ...), so they survive Arrow, checkpoints and reruns unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from microbatch.errors import ConfigError
+from microbatch.keygroups import check_max_parallelism
+from microbatch.runtime.process import KeyedProcessFunction
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+Decoder = Callable[[bytes], Any]
+OnOutOfRange = Literal["fail", "earliest"]
+
+
+def json_decoder(value: bytes) -> Any:
+    """The default value decoder: UTF-8 JSON."""
+    return json.loads(value)
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(
+            f"{kind} name {name!r} must be 1-100 characters of letters, digits, '_', '.', '-' "
+            "(it names objects, topics and consumer groups)"
+        )
+    return name
+
+
+def _check_positive(what: str, value: float | None, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{what} must be a positive number, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSource:
+    """Where records come from and how much one batch may read.
+
+    ``starting`` applies to partitions without a committed offset: ``"earliest"``,
+    ``"latest"`` or an epoch-milliseconds timestamp (int). ``max_records_per_partition``
+    and ``max_records_per_batch`` cap one batch (like Spark's ``maxOffsetsPerTrigger``).
+    ``on_out_of_range``: what to do when committed offsets were deleted by retention —
+    ``"fail"`` (default) or ``"earliest"`` (skip ahead; the skipped count is in the stats).
+    """
+
+    topics: Sequence[str]
+    starting: str | int = "earliest"
+    max_records_per_partition: int | None = None
+    max_records_per_batch: int | None = None
+    on_out_of_range: OnOutOfRange = "fail"
+    decoder: Decoder = json_decoder
+
+    def __post_init__(self) -> None:
+        if isinstance(self.topics, str):
+            object.__setattr__(self, "topics", (self.topics,))
+        object.__setattr__(self, "topics", tuple(self.topics))
+        if not self.topics:
+            raise ConfigError("KafkaSource needs at least one topic")
+        for t in self.topics:
+            _check_name("topic", t)
+        if self.starting not in ("earliest", "latest") and (
+            isinstance(self.starting, bool) or not isinstance(self.starting, int)
+        ):
+            raise ConfigError(
+                f"KafkaSource starting must be 'earliest', 'latest' or an epoch-ms int, "
+                f"got {self.starting!r}"
+            )
+        _check_positive("max_records_per_partition", self.max_records_per_partition)
+        _check_positive("max_records_per_batch", self.max_records_per_batch)
+        if self.on_out_of_range not in ("fail", "earliest"):
+            raise ConfigError(
+                f"on_out_of_range must be 'fail' or 'earliest', got {self.on_out_of_range!r}"
+            )
+        if not callable(self.decoder):
+            raise ConfigError(f"KafkaSource decoder must be callable, got {self.decoder!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Enrichment:
+    """Async I/O enrichment of each decoded record (see ``microbatch.enrich``).
+
+    ``make_operator`` is a picklable zero-argument callable (a module-level function or a
+    ``functools.partial``) returning a fresh ``AsyncOperator``: it runs inside Spark tasks.
+    ``deadline_s``: how long one batch may spend enriching; elements not done by then
+    move to the next batch's checkpoint instead of delaying the commit.
+    """
+
+    make_operator: Callable[[], Any]
+    deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.make_operator):
+            raise ConfigError(f"Enrichment make_operator must be callable: {self.make_operator!r}")
+        _check_positive("Enrichment deadline_s", self.deadline_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class EventTime:
+    """Event-time watermarks.
+
+    ``field``: the record field holding the event time (epoch ms int, or an ISO-8601
+    string). The watermark of a source partition is the largest event time seen in it minus
+    ``allowed_lateness_s``; the pipeline's watermark is the minimum over partitions that are
+    not idle (no record for ``idle_timeout_s`` of processing time). Records older than the
+    watermark at the start of their batch are late and go to the dead letters.
+    """
+
+    field: str
+    allowed_lateness_s: float = 0.0
+    idle_timeout_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.field, str) or not self.field:
+            raise ConfigError(f"EventTime field must be a record field name: {self.field!r}")
+        if isinstance(self.allowed_lateness_s, bool) or not self.allowed_lateness_s >= 0:
+            raise ConfigError(f"allowed_lateness_s must be >= 0: {self.allowed_lateness_s!r}")
+        _check_positive("idle_timeout_s", self.idle_timeout_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetSink:
+    """Parquet files at ``url`` (a path, ``file:///dir`` or ``s3://bucket/prefix``).
+
+    Each batch writes ``batch=<id>/part-<instance>.parquet``; a batch becomes visible when
+    its entry appears in ``_commits/`` — use :func:`microbatch.sinks.read_parquet_sink` (or
+    follow ``_commits/`` yourself) to read only committed batches. ``schema`` (a
+    ``pyarrow.Schema``) is recommended; without it the schema is inferred per file.
+    """
+
+    name: str
+    url: str
+    schema: Any = None
+
+    def __post_init__(self) -> None:
+        _check_name("sink", self.name)
+        if not self.url:
+            raise ConfigError(f"sink {self.name!r}: url is empty")
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSink:
+    """JSON records to ``topic``, exactly once for ``read_committed`` consumers.
+
+    ``key_field`` picks the message key (None: no key). Values are UTF-8 JSON with sorted
+    keys, so reruns produce identical bytes.
+    """
+
+    name: str
+    topic: str
+    key_field: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("sink", self.name)
+        _check_name("topic", self.topic)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetterSink:
+    """Where bad records go: a Kafka ``topic`` or a Parquet ``path`` (exactly one).
+
+    Every dead letter carries the reason, the error, the source topic/partition/offset,
+    and the raw key and value. ``max_ratio`` fails the batch when more than that fraction
+    of its records are dead letters (None: never).
+    """
+
+    topic: str | None = None
+    path: str | None = None
+    max_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.topic is None) == (self.path is None):
+            raise ConfigError("DeadLetterSink needs exactly one of topic= or path=")
+        if self.topic is not None:
+            _check_name("dead-letter topic", self.topic)
+        if self.max_ratio is not None and not (0 <= self.max_ratio <= 1):
+            raise ConfigError(f"DeadLetterSink max_ratio must be in 0..1: {self.max_ratio!r}")
+
+    def as_sink(self) -> ParquetSink | KafkaSink:
+        if self.topic is not None:
+            return KafkaSink(DEAD_LETTER_SINK, self.topic)
+        return ParquetSink(DEAD_LETTER_SINK, self.path or "")
+
+
+DEAD_LETTER_SINK = "dead_letters"
+
+OnProcessError = Literal["fail", "dead_letter"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """One pipeline: its name is its identity (checkpoints, consumer groups, lease)."""
+
+    name: str
+    source: KafkaSource
+    process: KeyedProcessFunction
+    checkpoints: str
+    key_by: str | Callable[[Any], Any] | None = None
+    sinks: Sequence[ParquetSink | KafkaSink] = ()
+    dead_letters: DeadLetterSink | None = None
+    enrich: Enrichment | None = None
+    event_time: EventTime | None = None
+    max_parallelism: int = 128
+    parallelism: int = 1
+    on_process_error: OnProcessError = "fail"
+    retain_checkpoints: int = 10
+    full_checkpoint_every: int = 10
+    lease_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        _check_name("pipeline", self.name)
+        object.__setattr__(self, "sinks", tuple(self.sinks))
+        where = f"pipeline {self.name!r}"
+        if not isinstance(self.source, KafkaSource):
+            raise ConfigError(f"{where}: source must be a KafkaSource, got {self.source!r}")
+        if not isinstance(self.process, KeyedProcessFunction):
+            raise ConfigError(
+                f"{where}: process must be a KeyedProcessFunction instance, got {self.process!r}"
+            )
+        if self.key_by is None:
+            raise ConfigError(
+                f"{where}: key_by is missing; keyed state needs a key (a field name or a "
+                "function of the record)"
+            )
+        if not (isinstance(self.key_by, str) and self.key_by) and not callable(self.key_by):
+            raise ConfigError(f"{where}: key_by must be a field name or callable: {self.key_by!r}")
+        if not self.checkpoints:
+            raise ConfigError(f"{where}: checkpoints location is empty")
+        try:
+            check_max_parallelism(self.max_parallelism)
+        except Exception as e:
+            raise ConfigError(f"{where}: {e}") from None
+        check_parallelism_for(self, self.parallelism)
+        names = [s.name for s in self.sinks]
+        if self.dead_letters is not None:
+            names.append(DEAD_LETTER_SINK)
+        for s in self.sinks:
+            if not isinstance(s, ParquetSink | KafkaSink):
+                raise ConfigError(f"{where}: unknown sink {s!r} (ParquetSink or KafkaSink)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: sink names must be unique, got {names}")
+        if self.on_process_error not in ("fail", "dead_letter"):
+            raise ConfigError(
+                f"{where}: on_process_error must be 'fail' or 'dead_letter', "
+                f"got {self.on_process_error!r}"
+            )
+        if self.on_process_error == "dead_letter" and self.dead_letters is None:
+            raise ConfigError(f"{where}: on_process_error='dead_letter' needs dead_letters=")
+        if not isinstance(self.retain_checkpoints, int) or self.retain_checkpoints < 1:
+            raise ConfigError(f"{where}: retain_checkpoints must be >= 1")
+        _check_positive(f"{where}: lease_timeout_s", self.lease_timeout_s, allow_none=False)
+
+    def all_sinks(self) -> tuple[ParquetSink | KafkaSink, ...]:
+        """User sinks plus the dead-letter sink, in a fixed order."""
+        extra = (self.dead_letters.as_sink(),) if self.dead_letters is not None else ()
+        return tuple(self.sinks) + extra
+
+    def sink(self, name: str) -> ParquetSink | KafkaSink:
+        for s in self.all_sinks():
+            if s.name == name:
+                return s
+        raise ConfigError(f"pipeline {self.name!r} has no sink {name!r}")
+
+    def key_of(self, record: Any) -> Any:
+        if callable(self.key_by):
+            return self.key_by(record)
+        return record.get(self.key_by) if isinstance(record, Mapping) else None
+
+    def fingerprint(self) -> str:
+        """What must not change between checkpoints: the name, the process class.
+
+        (``max_parallelism`` is checked on its own: changing it needs ``microbatch
+        reshard``. Topics may be added; a removed topic keeps its offsets.)"""
+        parts = {
+            "name": self.name,
+            "process": f"{type(self.process).__module__}.{type(self.process).__qualname__}",
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_parallelism_for(pipeline: Pipeline, parallelism: int) -> int:
+    if (
+        isinstance(parallelism, bool)
+        or not isinstance(parallelism, int)
+        or not 1 <= parallelism <= pipeline.max_parallelism
+    ):
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: parallelism must be 1..max_parallelism "
+            f"({pipeline.max_parallelism}), got {parallelism!r}"
+        )
+    return parallelism

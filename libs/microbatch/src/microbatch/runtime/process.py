@@ -1,0 +1,70 @@
+"""The user's keyed function and the context it sees.
+
+Subclass :class:`KeyedProcessFunction`::
+
+    class CountClicks(KeyedProcessFunction):
+        def process(self, key, records, ctx):
+            count = ctx.value("count")
+            count.set(count.get(0) + len(records))
+            ctx.emit({"user": key, "clicks": count.get()})
+
+``process`` is called once per key per batch with that key's records of the batch, in a
+deterministic order (source topic, partition, offset). ``on_timer`` is called for each
+event-time timer the batch's watermark passes, in timestamp order. Both may read and write
+the key's state, register timers and emit records. Every operator instance runs every
+batch, even without input, so timers fire on time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from microbatch.state.handles import KeyContext, ListState, MapState, ValueState
+
+
+class ProcessContext:
+    """State, timers and output of the current key (valid during one call only)."""
+
+    def __init__(self, key_ctx: KeyContext, watermark: int | None, processing_time_ms: int) -> None:
+        self._key_ctx = key_ctx
+        self.watermark = watermark
+        self.processing_time_ms = processing_time_ms
+        self.emitted: list[tuple[str | None, Any]] = []
+
+    @property
+    def key(self) -> Any:
+        return self._key_ctx.key
+
+    def value(self, name: str, ttl: float | None = None) -> ValueState:
+        return self._key_ctx.value(name, ttl)
+
+    def list(self, name: str, ttl: float | None = None) -> ListState:
+        return self._key_ctx.list(name, ttl)
+
+    def map(self, name: str, ttl: float | None = None) -> MapState:
+        return self._key_ctx.map(name, ttl)
+
+    def register_timer(self, timestamp_ms: int) -> None:
+        """Call ``on_timer`` for this key once the watermark reaches ``timestamp_ms``."""
+        self._key_ctx.register_timer(int(timestamp_ms))
+
+    def delete_timer(self, timestamp_ms: int) -> None:
+        self._key_ctx.delete_timer(int(timestamp_ms))
+
+    def timers(self) -> list[int]:
+        return self._key_ctx.timers()
+
+    def emit(self, record: Any, sink: str | None = None) -> None:
+        """Send ``record`` to sink ``sink`` (None: every user sink of the pipeline)."""
+        self.emitted.append((sink, record))
+
+
+class KeyedProcessFunction:
+    """Base class of keyed processing; override ``process`` and maybe ``on_timer``."""
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement process()")
+
+    def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:
+        """Called when an event-time timer of ``key`` fires; default: nothing."""

@@ -1,0 +1,176 @@
+"""Exactly-once Kafka output from micro-batches: staged messages, one transaction per batch.
+
+Why not produce from the tasks? A task may run twice (Spark retries, a rerun after a
+crash), and nothing on the broker remembers that a batch was already written. So:
+
+1. **Stage** (before the checkpoint commits): each instance writes its messages as one
+   Arrow file in the pipeline's checkpoint store, at a deterministic key per batch,
+   sink and instance (a rerun rewrites the same bytes).
+2. **Publish** (after the commit, on the driver): one producer with the fixed
+   ``transactional.id`` ``microbatch.<pipeline>.<sink>``. ``init_transactions`` fences
+   any earlier producer of the pipeline (a crashed or stray run) and waits for its
+   transaction to complete or abort. Then it reads the *publish marker* — the committed
+   offset of consumer group ``microbatch.<pipeline>.<sink>.published`` on partition 0 of
+   the output topic, which holds ``last published batch + 1``. If the batch is already
+   there, nothing is sent. Otherwise the staged messages and the new marker go in **one
+   transaction** (``send_offsets_to_transaction``): a ``read_committed`` consumer sees the
+   batch's messages exactly once, whatever crashes around it.
+
+The marker group is bookkeeping, not a reader: lag tools show it with a meaningless lag.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from microbatch.errors import SinkError
+from microbatch.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MESSAGE_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+
+
+def staging_key(batch_id: int, sink_name: str, instance: int) -> str:
+    return f"staging/{batch_id:020d}/{sink_name}/part-{instance:05d}.arrow"
+
+
+def json_messages(records: Iterable[Any], key_field: str | None) -> pa.Table:
+    """Records as JSON messages with sorted keys (same record → same bytes)."""
+    keys, values = [], []
+    for r in records:
+        values.append(json.dumps(r, sort_keys=True, separators=(",", ":"), default=str).encode())
+        k = r.get(key_field) if key_field and isinstance(r, dict) else None
+        keys.append(None if k is None else str(k).encode())
+    return pa.table(
+        {"key": keys, "value": values, "headers": [[] for _ in values]}, schema=MESSAGE_SCHEMA
+    )
+
+
+def stage_messages(
+    store: ObjectStore, sink_name: str, batch_id: int, instance: int, table: pa.Table
+) -> dict[str, Any] | None:
+    if table.num_rows == 0:
+        return None
+    key = staging_key(batch_id, sink_name, instance)
+    buf = io.BytesIO()
+    with ipc.new_file(buf, MESSAGE_SCHEMA) as writer:
+        writer.write_table(table.cast(MESSAGE_SCHEMA))
+    store.put(key, buf.getvalue())
+    return {"file": key, "rows": table.num_rows}
+
+
+def load_messages(store: ObjectStore, staged: Sequence[dict[str, Any]]) -> pa.Table:
+    tables = [ipc.open_file(io.BytesIO(store.get(s["file"]))).read_all() for s in staged]
+    return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
+
+
+def transactional_id(pipeline: str, sink_name: str) -> str:
+    return f"microbatch.{pipeline}.{sink_name}"
+
+
+def marker_group(pipeline: str, sink_name: str) -> str:
+    return f"microbatch.{pipeline}.{sink_name}.published"
+
+
+def _retrying(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
+    """Retry Kafka's retriable errors (e.g. the group coordinator of a fresh cluster is
+    not available yet) with a capped backoff; anything else, or the timeout, raises."""
+    deadline, delay = time.monotonic() + timeout_s, 0.1
+    while True:
+        try:
+            return fn()
+        except Exception as e:
+            if not getattr(e, "retriable", False) or time.monotonic() + delay > deadline:
+                raise
+            log.info("%s: %r, retrying in %.1fs", what, e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def last_published(bootstrap_servers: str, pipeline: str, sink_name: str, topic: str) -> int | None:
+    """The last batch id published to ``topic`` by this sink, None if none yet."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000)
+    try:
+        group = marker_group(pipeline, sink_name)
+        tp = KafkaTopicPartition(topic, 0)
+        offsets = _retrying(
+            f"reading publish marker of group {group!r}",
+            lambda: admin.list_group_offsets({group: [tp]}).get(group, {}),
+        )
+    finally:
+        admin.close()
+    found = offsets.get(tp)
+    if found is None or found.offset is None or found.offset < 0:
+        return None
+    return found.offset - 1
+
+
+def publish_messages(
+    bootstrap_servers: str,
+    pipeline: str,
+    sink_name: str,
+    topic: str,
+    batch_id: int,
+    messages: pa.Table,
+) -> bool:
+    """Publish a batch's messages once; False when the batch was already published."""
+    where = f"pipeline {pipeline!r} sink {sink_name!r} (topic {topic!r}, {bootstrap_servers})"
+    try:
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap_servers,
+            transactional_id=transactional_id(pipeline, sink_name),
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+        )
+    except Exception as e:
+        raise SinkError(f"{where}: cannot create the transactional producer: {e}") from e
+    try:
+        # Fences zombies; completes or aborts their open transaction.
+        _retrying(f"{where}: init_transactions", producer.init_transactions)
+        done = last_published(bootstrap_servers, pipeline, sink_name, topic)
+        if done is not None and done >= batch_id:
+            log.info("%s: batch %s already published (marker %s)", where, batch_id, done)
+            return False
+        if done is not None and done != batch_id - 1:
+            log.warning("%s: publishing batch %s after batch %s", where, batch_id, done)
+        producer.begin_transaction()
+        cols = messages.to_pydict()
+        for key, value, headers in zip(cols["key"], cols["value"], cols["headers"], strict=True):
+            hdrs = [(h["key"], h["value"]) for h in headers or ()]
+            producer.send(topic, key=key, value=value, headers=hdrs or None)
+        marker = {KafkaTopicPartition(topic, 0): OffsetAndMetadata(batch_id + 1, "", -1)}
+        _retrying(
+            f"{where}: adding the publish marker to the transaction",
+            lambda: producer.send_offsets_to_transaction(marker, marker_group(pipeline, sink_name)),
+        )
+        producer.commit_transaction()
+        return True
+    except SinkError:
+        raise
+    except Exception as e:
+        raise SinkError(
+            f"{where}: publishing batch {batch_id} failed: {e!r}. The checkpoint is "
+            "committed; rerun the pipeline to publish it (the transaction guarantees once)."
+        ) from e
+    finally:
+        producer.close(timeout=10)

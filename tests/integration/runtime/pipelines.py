@@ -1,0 +1,91 @@
+"""Small pipelines the runtime tests run (shipped to Spark workers by value)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from microbatch.runtime import (
+    DeadLetterSink,
+    EventTime,
+    KafkaSink,
+    KafkaSource,
+    KeyedProcessFunction,
+    ParquetSink,
+    Pipeline,
+    ProcessContext,
+)
+
+COUNT_SCHEMA = pa.schema([("user", pa.string()), ("clicks", pa.int64()), ("total", pa.int64())])
+
+
+class CountClicks(KeyedProcessFunction):
+    """Running click count per user; one output row per user per batch with clicks."""
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        total = ctx.value("total")
+        new = total.get(0) + len(records)
+        total.set(new)
+        ctx.list("pages").add_all([r["page"] for r in records])
+        if any(r.get("explode") for r in records):
+            raise RuntimeError(f"boom for {key}")
+        ctx.emit({"user": key, "clicks": len(records), "total": new})
+
+
+class TimerEcho(KeyedProcessFunction):
+    """Registers a timer 1 s after each click; emits when it fires."""
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        for r in records:
+            ctx.register_timer(r["ts"] + 1000)
+
+    def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:
+        ctx.emit({"user": key, "fired": timestamp_ms})
+
+
+def count_pipeline(
+    topic: str,
+    root: str,
+    *,
+    out_topic: str | None = None,
+    max_records_per_batch: int | None = None,
+    on_process_error: str = "fail",
+    parallelism: int = 2,
+) -> Pipeline:
+    sinks: list[Any] = [ParquetSink("counts", f"{root}/counts", COUNT_SCHEMA)]
+    if out_topic is not None:
+        sinks.append(KafkaSink("counts_topic", out_topic, key_field="user"))
+    return Pipeline(
+        name="counts",
+        source=KafkaSource(topics=(topic,), max_records_per_batch=max_records_per_batch),
+        key_by="user",
+        process=CountClicks(),
+        sinks=sinks,
+        dead_letters=DeadLetterSink(path=f"{root}/dead"),
+        checkpoints=f"{root}/checkpoints",
+        max_parallelism=16,
+        parallelism=parallelism,
+        on_process_error=on_process_error,  # type: ignore[arg-type]
+    )
+
+
+def timer_pipeline(topic: str, root: str) -> Pipeline:
+    return Pipeline(
+        name="timers",
+        source=KafkaSource(topics=(topic,)),
+        key_by="user",
+        process=TimerEcho(),
+        event_time=EventTime(field="ts", allowed_lateness_s=0, idle_timeout_s=None),
+        sinks=[ParquetSink("fired", f"{root}/fired")],
+        dead_letters=DeadLetterSink(path=f"{root}/dead"),
+        checkpoints=f"{root}/checkpoints",
+        max_parallelism=8,
+        parallelism=2,
+    )
+
+
+def click(user: str, page: str, ts: int = 0, **extra: Any) -> bytes:
+    return json.dumps({"user": user, "page": page, "ts": ts, **extra}).encode()
