@@ -63,7 +63,7 @@ test-unit: venv
 	@$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 demo: setup
-	@$(BIN)/python -m microbatch.demo --job jobs/smoke.py
+	@$(BIN)/python -m microbatch.demo --job jobs/clickstream.py
 
 ## ---- services ----------------------------------------------------------------------
 

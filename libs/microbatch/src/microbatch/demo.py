@@ -1,45 +1,194 @@
-"""``make demo``: start the local stack, run the main job with spark-submit, summarize.
+"""``make demo``: the clickstream pipeline end to end, with a rescale and a killed batch.
 
-Services that were already running (or that the settings point elsewhere, e.g. an
-external Kafka) are used as they are and left running; those this command started are
-stopped at the end, also on failure or Ctrl-C. The job's full log goes to
-``$MICROBATCH_HOME/demo.log``; the terminal shows progress and the job's summary.
+1. Start Kafka and SeaweedFS (unless running or external) and the profile service.
+2. Produce a realistic clickstream (some malformed clicks), run batch 0 at parallelism 2.
+3. Produce more clicks (some of them late), run batch 1 at parallelism 3 in a separate
+   process and **kill it** (SIGKILL) mid-way; rerun it.
+4. Once the partitions are idle, run a last batch: the watermark passes every session.
+5. Print a summary and an exactly-once check: the sessions in Parquet and in the Kafka
+   topic (``read_committed``) against a reference computed in plain Python from the
+   produced clicks — no duplicate, no missing session.
+
+Everything lives under a fresh namespace per run (topics ``clicks-<run>`` ...,
+``s3://<bucket>/demo-<run>/``), so the demo can run any number of times. Services this
+command started are stopped at the end; the full log is ``$MICROBATCH_HOME/demo.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
-import re
+import random
+import signal
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
-from microbatch.errors import MicrobatchError
+from microbatch.errors import MicrobatchError, ServiceError
 from microbatch.localstack import LocalStack, stop_on_sigterm
-from microbatch.runner import run_job
+from microbatch.localstack.process import free_port_block
 from microbatch.settings import Settings
 
-_SPARK_LOG_LINE = re.compile(
-    r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|ERROR) |^\s+at |^WARNING:|log4j profile"
-)
+MIN = 60_000
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z: simulated event time starts here
+
+
+def generate_clicks(users: int, hours: float, seed: int) -> list[dict[str, Any]]:
+    """Sessions of clicks per user: clicks 1-10 min apart, sessions 35-120 min apart."""
+    rng = random.Random(seed)
+    pages = [f"/{p}" for p in ("home", "search", "item", "cart", "checkout", "help")]
+    clicks = []
+    for u in range(users):
+        ts = T0 + rng.randrange(0, 60 * MIN)
+        while ts < T0 + hours * 60 * MIN:
+            for _ in range(rng.randint(1, 8)):
+                clicks.append({"user_id": f"user-{u:04d}", "page": rng.choice(pages), "ts": ts})
+                ts += rng.randint(1, 10) * MIN
+            ts += rng.randint(35, 120) * MIN
+    return sorted(clicks, key=lambda c: (c["ts"], c["user_id"]))
+
+
+MALFORMED = [b"{not json", b'{"page": "/home", "ts": 1}', b'{"user_id": "x", "ts": "soon"}']
+
+
+def produce(bootstrap: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    try:
+        for key, value in values:
+            producer.send(topic, key=key, value=value)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics(
+            {t: {"num_partitions": n, "replication_factor": 1} for t, n in topics.items()},
+            wait_for_metadata=True,
+        )
+    finally:
+        admin.close()
+
+
+def read_topic(bootstrap: str, topic: str) -> list[Any]:
+    """Every message of ``topic`` as a ``read_committed`` consumer sees it."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        out: list[Any] = []
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=1000).values():
+                out += records
+        return out
+    finally:
+        consumer.close()
+
+
+class ProfileService:
+    """The demo's profile service in a subprocess on a free loopback port."""
+
+    def __init__(self, latency_ms: float, error_rate: float, log: Path) -> None:
+        self.port = free_port_block([0])
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "microbatch.examples.profile_service",
+            "--port",
+            str(self.port),
+            "--latency-ms",
+            str(latency_ms),
+            "--error-rate",
+            str(error_rate),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+        self.stop()
+        raise ServiceError(f"profile service did not start on {self.url}; see {log}")
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(f"{self.url}/stats", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def kill_batch_midway(
+    job: Path, env: dict[str, str], store: Any, batch_id: int, log: Path, after_s: float
+) -> str:
+    """Run a batch in its own process and SIGKILL it once it has planned and started."""
+    from microbatch.runtime.batch import spec_key
+
+    cmd = [sys.executable, str(job), "--parallelism", "3", "--run-id", "demo-batch-1"]
+    with log.open("a") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 180
+        while not store.exists(spec_key(batch_id)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise MicrobatchError(f"the batch process ended before planning; see {log}")
+            time.sleep(0.2)
+        time.sleep(after_s)
+        if proc.poll() is not None:
+            return "the batch finished before the kill"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return f"killed (SIGKILL) {after_s:.0f} s after it planned batch {batch_id}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="microbatch-demo", description=__doc__)
-    parser.add_argument("--job", required=True, help="path of the spark-submit target")
-    parser.add_argument("--events", type=int, default=10_000)
+    parser = argparse.ArgumentParser(prog="microbatch-demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--users", type=int, default=300)
+    parser.add_argument("--hours", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--job", default="jobs/clickstream.py")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     settings = Settings.from_env()
+    home = settings.home_path
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "demo.log"
+    log_path.write_text("")
+    logging.basicConfig(filename=log_path, level=logging.INFO)
     stack = LocalStack(settings)
     external = {
         "kafka": "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ,
         "seaweedfs": "MICROBATCH_S3_ENDPOINT_URL" in os.environ,
     }
     started: list[str] = []
-    log_path = settings.home_path / "demo.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    profiles = None
     t0 = time.monotonic()
     try:
         for name in ("kafka", "seaweedfs"):
@@ -51,36 +200,146 @@ def main(argv: list[str] | None = None) -> int:
             stack.start(name)
             started.append(name)
             print(f"[stack] {name} ready in {time.monotonic() - step:.1f} s", flush=True)
-        print(stack.describe())
-        run_id = time.strftime("%Y%m%d-%H%M%S")
-        print(f"[job] spark-submit {args.job} (master {settings.spark_master}); log: {log_path}")
-        with open(log_path, "w") as log:
-
-            def echo(line: str) -> None:
-                log.write(line + "\n")
-                if not _SPARK_LOG_LINE.search(line) and not line.startswith("running: "):
-                    print(f"  {line}", flush=True)
-
-            result = run_job(
-                Path(args.job), ["--events", str(args.events), "--run-id", run_id], settings, echo
-            )
-        ok = result["rows_in_parquet"] == result["produced"] == result["records_read"]
-        print(
-            f"\n{'OK' if ok else 'MISMATCH'}: {result['produced']:,} events produced, "
-            f"{result['records_read']:,} read, {result['rows_in_parquet']:,} rows in Parquet "
-            f"({time.monotonic() - t0:.0f} s in all)"
-        )
-        return 0 if ok else 1
+        profiles = ProfileService(latency_ms=10, error_rate=0.05, log=log_path)
+        print(f"[profiles] profile service on {profiles.url} (10 ms latency, 5% errors)")
+        return run_demo(args, settings, profiles, log_path, t0)
     except MicrobatchError as exc:
-        print(f"\ndemo failed: {exc}", file=sys.stderr)
+        print(f"\ndemo failed: {exc}\n(full log: {log_path})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
     finally:
+        if profiles is not None:
+            profiles.stop()
         for name in reversed(started):
             stack.stop(name)
             print(f"[stack] stopped {name}")
+
+
+def run_demo(
+    args: argparse.Namespace, settings: Settings, profiles: ProfileService, log: Path, t0: float
+) -> int:
+    from microbatch.examples.clickstream import (
+        ClickstreamConfig,
+        clickstream_pipeline,
+        reference_sessions,
+    )
+    from microbatch.runtime import BatchOptions, BatchRunner
+    from microbatch.sinks import read_parquet_sink
+    from microbatch.spark import spark_session
+    from microbatch.storage import open_store
+
+    run = time.strftime("%Y%m%d-%H%M%S")
+    config = ClickstreamConfig(
+        topic=f"clicks-{run}",
+        sessions_topic=f"sessions-{run}",
+        dead_letter_topic=f"clicks-dlq-{run}",
+        root=f"s3://{settings.s3_bucket}/demo-{run}",
+        profile_url=profiles.url,
+        parallelism=2,
+        idle_timeout_s=10.0,
+    )
+    pipeline = clickstream_pipeline(config)
+    bootstrap = settings.kafka_bootstrap_servers
+    create_topics(
+        bootstrap, {config.topic: 3, config.sessions_topic: 2, config.dead_letter_topic: 1}
+    )
+
+    clicks = generate_clicks(args.users, args.hours, args.seed)
+    half = T0 + int(args.hours * 30 * MIN)
+    phase1 = [c for c in clicks if c["ts"] < half]
+    phase2 = [c for c in clicks if c["ts"] >= half]
+    rng = random.Random(args.seed)
+    late = [
+        {**rng.choice(phase1), "ts": T0 + rng.randrange(0, 30 * MIN), "page": "/late"}
+        for _ in range(20)
+    ]
+
+    def encode(c: dict[str, Any]) -> tuple[bytes, bytes]:
+        return c["user_id"].encode(), json.dumps(c).encode()
+
+    produce(bootstrap, config.topic, [encode(c) for c in phase1] + [(None, m) for m in MALFORMED])
+    print(f"[produce] {len(phase1):,} clicks + {len(MALFORMED)} malformed to {config.topic}")
+
+    print(f"[spark] starting Spark ({settings.spark_master}) ...", flush=True)
+    spark = spark_session(settings, app_name="microbatch-demo")
+    results = []
+
+    def run_batch(label: str, **options: Any) -> None:
+        r = BatchRunner(spark, pipeline, settings).run(BatchOptions(**options)).to_json()
+        results.append((label, r))
+        print(
+            f"[batch {r['batch_id']}] {label}: {r['records_in']:,} clicks in, "
+            f"{r['outputs'].get('sessions', 0):,} sessions out, {r['dead_letters']} dead "
+            f"letters, parallelism {r['parallelism']}, {r['seconds']['total']:.1f} s",
+            flush=True,
+        )
+
+    run_batch("first batch", run_id="demo-batch-0")
+
+    produce(bootstrap, config.topic, [encode(c) for c in phase2 + late])
+    print(f"[produce] {len(phase2):,} clicks + {len(late)} late clicks to {config.topic}")
+    env = {**os.environ, **settings.to_env(), **config.to_env()}
+    store = open_store(pipeline.checkpoints, settings)
+    print("[kill] running batch 1 at parallelism 3 in a separate process ...", flush=True)
+    what = kill_batch_midway(Path(args.job), env, store, 1, log, after_s=4.0)
+    print(f"[kill] {what}")
+    run_batch("rerun of the killed batch", run_id="demo-batch-1", parallelism=3)
+
+    time.sleep(config.idle_timeout_s + 1)  # partitions go idle: the watermark catches up
+    run_batch("final batch (idle partitions)", run_id="demo-batch-2", parallelism=3)
+
+    # The exactly-once check against plain Python.
+    final_watermark = results[-1][1]["watermark"]
+    expected = reference_sessions(phase1 + phase2, final_watermark)
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["user_id"], r["session_start"])
+
+    parquet = sorted(read_parquet_sink(f"{config.root}/sessions", settings).to_pylist(), key=key)
+    kafka = sorted(
+        (json.loads(m.value) for m in read_topic(bootstrap, config.sessions_topic)), key=key
+    )
+    dead = read_topic(bootstrap, config.dead_letter_topic)
+    reasons: dict[str, int] = {}
+    for m in dead:
+        reason = dict(m.headers)["microbatch.reason"].decode()
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    def check(name: str, got: list[dict[str, Any]]) -> bool:
+        keys = [key(r) for r in got]
+        dupes = len(keys) - len(set(keys))
+        missing = len({key(r) for r in expected} - set(keys))
+        extra = len(set(keys) - {key(r) for r in expected})
+        same = got == expected
+        print(
+            f"  {name:<22} {len(got):>6,} sessions  duplicates {dupes}  missing {missing}  "
+            f"unexpected {extra}  {'identical to reference' if same else 'DIFFERENT'}"
+        )
+        return same and dupes == 0
+
+    print("\n=== microbatch demo: clickstream sessionization ===")
+    print(
+        f"clicks produced   {len(clicks):,} valid + {len(late)} late + {len(MALFORMED)} malformed"
+    )
+    print(f"records in        {sum(r['records_in'] for _, r in results):,}")
+    print(f"dead letters      {len(dead)} {reasons}")
+    stats = profiles.stats()
+    print(f"profile service   {stats['requests']:,} requests, {stats['errors']} errors (retried)")
+    print("batches:")
+    for label, r in results:
+        s = r["seconds"]
+        print(
+            f"  batch {r['batch_id']}  P={r['parallelism']}  {r['records_in']:>6,} in  "
+            f"{r['outputs'].get('sessions', 0):>5,} sessions  read {s.get('read', 0):.1f} s  "
+            f"process {s.get('process', 0):.1f} s  total {s['total']:.1f} s  ({label})"
+        )
+    print(f"exactly-once check (reference: {len(expected):,} closed sessions, plain Python):")
+    ok = check("Parquet (committed)", parquet) & check("Kafka (read_committed)", kafka)
+    ok &= reasons.get("late", 0) == len(late)
+    print(f"\n{'OK' if ok else 'MISMATCH'} in {time.monotonic() - t0:.0f} s  (log: {log})")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -605,23 +605,34 @@ def _stage_one_stats(envelopes: Any) -> dict[str, Any]:
 
 def _ship_user_code(pipeline: Pipeline) -> None:
     """Pickle the pipeline's own modules by value, so Spark workers need not import them
-    (a job file run by spark-submit, a test module): only the library must be installed."""
+    (a job file run by spark-submit, a test module): only the library must be installed.
+
+    Library, standard-library and installed modules are left alone (pickled by name)."""
+    import functools
     import sys
+    import types
 
     from pyspark import cloudpickle
 
-    objs: list[Any] = [pipeline.process, pipeline.source.decoder]
-    if callable(pipeline.key_by):
-        objs.append(pipeline.key_by)
+    objs: list[Any] = [pipeline.process, pipeline.source.decoder, pipeline.key_by]
     if pipeline.enrich is not None:
         objs.append(pipeline.enrich.make_operator)
+    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     for obj in objs:
-        mod_name = getattr(obj, "__module__", None) or type(obj).__module__
+        while isinstance(obj, functools.partial):
+            obj = obj.func
+        if obj is None or isinstance(obj, str):
+            continue
+        is_code = isinstance(obj, types.FunctionType | type)
+        mod_name = obj.__module__ if is_code else type(obj).__module__
         module = sys.modules.get(mod_name)
+        path = getattr(module, "__file__", None) or ""
         if (
             module is None
             or mod_name == "__main__"
-            or mod_name.startswith(("microbatch", "builtins"))
+            or mod_name.split(".")[0] == "microbatch"
+            or not path
+            or path.startswith(installed)
         ):
             continue
         cloudpickle.register_pickle_by_value(module)

@@ -1,0 +1,1 @@
+"""Example pipelines shipped with microbatch (the demo runs :mod:`.clickstream`)."""
