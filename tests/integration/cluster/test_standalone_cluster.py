@@ -36,3 +36,36 @@ def test_smoke_job_on_two_workers_writes_the_same_rows_as_produced(cluster, stac
     assert any(cluster.url in line for line in lines), "job was not submitted to the cluster"
     apps = list((cluster.workdir / "work").glob("app-*/*"))
     assert len(apps) >= 2, f"expected executors on both workers, found {apps}"
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    from microbatch.demo import ProfileService
+
+    service = ProfileService(5, 0.05, tmp_path_factory.mktemp("profiles") / "service.log")
+    yield service
+    service.stop()
+
+
+def test_example_pipeline_on_two_workers_equals_local_mode_across_a_rescale(
+    cluster, stack_settings, spark, profiles, monkeypatch
+):
+    from tests.integration.cluster import clickstream_runs as runs
+
+    on_cluster = dataclasses.replace(stack_settings, spark_master=cluster.url)
+    data = runs.new_data(stack_settings)
+    local_cfg = runs.config(stack_settings, data, profiles.url, "local")
+    cluster_cfg = runs.config(stack_settings, data, profiles.url, "cluster")
+
+    runs.reference_batch(spark, stack_settings, local_cfg, 0, parallelism=2)
+    first, lines = runs.job_batch(on_cluster, cluster_cfg, 0, 2, monkeypatch)
+    runs.produce_second_half(stack_settings, data)
+    runs.reference_batch(spark, stack_settings, local_cfg, 1, parallelism=3)
+    second, _ = runs.job_batch(on_cluster, cluster_cfg, 1, 3, monkeypatch)
+
+    assert any(cluster.url in line for line in lines), "the batch was not submitted to the cluster"
+    assert first["records_in"] > 0 and second["records_in"] > 0
+    assert (first["parallelism"], second["parallelism"]) == (2, 3)
+    want, got = runs.outcome(stack_settings, local_cfg), runs.outcome(stack_settings, cluster_cfg)
+    assert len(want["sessions"]) > 20
+    assert got == want

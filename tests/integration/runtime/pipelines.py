@@ -89,3 +89,43 @@ def timer_pipeline(topic: str, root: str) -> Pipeline:
 
 def click(user: str, page: str, ts: int = 0, **extra: Any) -> bytes:
     return json.dumps({"user": user, "page": page, "ts": ts, **extra}).encode()
+
+
+async def slow_tag(record: dict[str, Any]) -> dict[str, Any]:
+    """An enrichment that takes 20 ms and tags the record."""
+    import asyncio
+
+    await asyncio.sleep(0.02)
+    return {**record, "tag": record["page"].upper()}
+
+
+def slow_operator() -> Any:
+    from microbatch.enrich import AsyncOperator, NoRetry
+
+    return AsyncOperator(
+        slow_tag, mode="ordered", capacity=4, timeout_s=None, retry=NoRetry(), on_failure="fail"
+    )
+
+
+class CountTags(KeyedProcessFunction):
+    """Per user: the tags seen, emitted once per batch with records."""
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        for r in records:
+            ctx.emit({"user": key, "offset_tag": r["tag"], "page": r["page"], "ts": r["ts"]})
+
+
+def enrich_pipeline(topic: str, root: str, deadline_s: float | None) -> Pipeline:
+    from microbatch.runtime import Enrichment
+
+    return Pipeline(
+        name="enriched",
+        source=KafkaSource(topics=(topic,)),
+        enrich=Enrichment(slow_operator, deadline_s=deadline_s),
+        key_by="user",
+        process=CountTags(),
+        sinks=[ParquetSink("tags", f"{root}/tags")],
+        checkpoints=f"{root}/checkpoints",
+        max_parallelism=8,
+        parallelism=2,
+    )

@@ -70,3 +70,15 @@ def test_bad_source_sink_and_event_time_options_are_refused() -> None:
     with pytest.raises(ConfigError, match="allowed_lateness_s"):
         EventTime(field="ts", allowed_lateness_s=-1)
     assert KafkaSource(topics="single").topics == ("single",)
+
+
+def test_a_cluster_master_refuses_local_checkpoints_and_parquet_sinks() -> None:
+    from microbatch.runtime.batch import check_storage_for_master
+
+    local = make(sinks=[ParquetSink("out", "/tmp/out")])
+    check_storage_for_master(local, "local[2]")
+    with pytest.raises(ConfigError, match=r"checkpoints = '/tmp/ckpt'.*sink 'out' = '/tmp/out'"):
+        check_storage_for_master(local, "spark://127.0.0.1:7077")
+    on_s3 = make(checkpoints="s3://b/ckpt", sinks=[ParquetSink("out", "s3://b/out")])
+    check_storage_for_master(on_s3, "spark://127.0.0.1:7077")
+    check_storage_for_master(on_s3, "sc://127.0.0.1:15002")

@@ -45,7 +45,7 @@ from microbatch.checkpoint import (
     latest_manifest,
     should_write_full,
 )
-from microbatch.errors import BatchError, CheckpointError, MicrobatchError
+from microbatch.errors import BatchError, CheckpointError, ConfigError, MicrobatchError
 from microbatch.kafka import (
     KAFKA_SCHEMA,
     BatchLimits,
@@ -155,6 +155,7 @@ class BatchRunner:
         self.store: ObjectStore = open_store(pipeline.checkpoints, settings)
         self.layout = Layout()
         self.plans = PlanStore(self.store)
+        check_storage_for_master(pipeline, settings.spark_master)
         _ship_user_code(pipeline)
 
     @property
@@ -281,11 +282,7 @@ class BatchRunner:
         kafka = read_ranges(self.spark, self.settings.kafka_bootstrap_servers, plan.ranges)
         if pending is not None and pending.num_rows:
             kafka = kafka.unionByName(self.spark.createDataFrame(pending.to_pandas()))
-        enrich = self.pipeline.enrich
-        deadline = None
-        if enrich is not None and enrich.deadline_s is not None:
-            deadline = time.time() + enrich.deadline_s
-        fn = StageOne(self.pipeline, parallelism, watermark, crash_at, deadline)
+        fn = StageOne(self.pipeline, parallelism, watermark, crash_at)
         return kafka.mapInArrow(fn, envelope_type)
 
     def load_pending(self, base: Manifest | None) -> pa.Table | None:
@@ -550,6 +547,25 @@ class BatchRunner:
     def is_safe_to_drop(self, key: str, newest: int) -> bool:
         # Staging of the newest batch is dropped only once it is published.
         return not key.startswith(f"staging/{newest:020d}/") or self.is_published(newest)
+
+
+def check_storage_for_master(pipeline: Pipeline, master: str) -> None:
+    """Executors of a real cluster share no filesystem: state and Parquet output must then
+    live on S3, or one executor would restore state another never sees."""
+    if master.startswith("local"):
+        return
+    urls = {"checkpoints": pipeline.checkpoints}
+    for sink in pipeline.all_sinks():
+        if not isinstance(sink, KafkaSink):
+            urls[f"sink {sink.name!r}"] = sink.url
+    local = {what: url for what, url in urls.items() if not url.startswith("s3://")}
+    if local:
+        listed = ", ".join(f"{what} = {url!r}" for what, url in local.items())
+        raise ConfigError(
+            f"pipeline {pipeline.name!r} runs on Spark master {master!r}, whose executors do "
+            f"not share a filesystem, but {listed} is on the local filesystem. Put checkpoints "
+            "and Parquet sinks on S3 (s3://bucket/prefix), or use a local[*] master."
+        )
 
 
 def _batch_of(name: str) -> int | None:

@@ -109,8 +109,9 @@ class Enrichment:
 
     ``make_operator`` is a picklable zero-argument callable (a module-level function or a
     ``functools.partial``) returning a fresh ``AsyncOperator``: it runs inside Spark tasks.
-    ``deadline_s``: how long one batch may spend enriching; elements not done by then
-    move to the next batch's checkpoint instead of delaying the commit.
+    ``deadline_s``: how long each task of a batch may spend enriching (from its start);
+    elements not done by then move to the next batch's checkpoint instead of delaying the
+    commit.
     """
 
     make_operator: Callable[[], Any]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 import traceback
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -97,7 +98,6 @@ class StageOne:
     parallelism: int
     watermark: int | None
     crash_at: str | None = None
-    deadline_s: float | None = None  # absolute (epoch s) end of the enrichment phase
 
     def keyed(self, record: Any) -> tuple[bytes, int, int | None]:
         """(key bytes, key-group, event time) of a decoded record, or raise ``_Bad``."""
@@ -203,9 +203,10 @@ class StageOne:
                     continue
                 raw[(topic, part, off)] = (rkey, rvalue)
                 elements.append(Element(record, (topic, part, off)))
-        outcome = run_batch(
-            enrich.make_operator, elements, pending=pending, deadline_s=self.deadline_s
-        )
+        # The deadline counts from the task's start of enrichment, not the driver's clock:
+        # scheduling delays must not eat a task's budget.
+        deadline = None if enrich.deadline_s is None else time.time() + enrich.deadline_s
+        outcome = run_batch(enrich.make_operator, elements, pending=pending, deadline_s=deadline)
         seqs: Counter[tuple[str, int, int]] = Counter()
         for o in outcome.outputs:
             if getattr(o, "coordinates", None) is None:  # a watermark: the runtime sends none
