@@ -1,6 +1,11 @@
-"""The micro-batch runtime: pipeline definitions and the exactly-once batch protocol."""
+"""The micro-batch runtime: pipeline definitions and the exactly-once batch protocol.
 
-from microbatch.runtime.batch import BatchOptions, BatchResult, BatchRunner, run_batch
+Defining a pipeline imports nothing heavy; the batch machinery (Spark, Kafka clients,
+Arrow) loads on first use of :class:`BatchRunner` and friends.
+"""
+
+from typing import Any
+
 from microbatch.runtime.faults import CRASH_POINTS, InjectedCrash
 from microbatch.runtime.pipeline import (
     DeadLetterSink,
@@ -12,6 +17,17 @@ from microbatch.runtime.pipeline import (
     Pipeline,
 )
 from microbatch.runtime.process import KeyedProcessFunction, ProcessContext
+
+_BATCH_NAMES = ("BatchOptions", "BatchResult", "BatchRunner", "run_batch")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BATCH_NAMES:
+        from microbatch.runtime import batch
+
+        return getattr(batch, name)
+    raise AttributeError(f"module 'microbatch.runtime' has no attribute {name!r}")
+
 
 __all__ = [
     "CRASH_POINTS",
