@@ -170,3 +170,36 @@ def test_timers_fire_when_the_batch_watermark_passes_them(
     assert r2.dead_letter_reasons == {"late": 1}  # ts=100 is behind watermark 5000
     fired = read_parquet_sink(str(tmp_path / "fired")).to_pylist()
     assert fired == [{"user": "a", "fired": 2000}, {"user": "b", "fired": 6000}]
+
+
+def test_replay_from_a_checkpoint_reprocesses_later_records_without_doubling_parquet(
+    spark, kafka_settings, bootstrap, admin, tmp_path: Path
+) -> None:
+    from microbatch.cli import main
+
+    topic = new_topic(admin, 2)
+    values = clicks(60)
+    produce(bootstrap, topic, values[:30])
+    pipe = count_pipeline(topic, str(tmp_path))
+    runner(spark, kafka_settings, pipe).run(BatchOptions(run_id="a"))  # checkpoint 0
+    produce(bootstrap, topic, values[30:])
+    runner(spark, kafka_settings, pipe).run(BatchOptions(run_id="b"))  # checkpoint 1
+    before = sorted(read_parquet_sink(str(tmp_path / "counts")).to_pylist(), key=str)
+
+    replayed = runner(spark, kafka_settings, pipe).replay_from(0)  # checkpoint 2 = copy of 0
+    assert replayed.checkpoint_id == 2
+    store = open_store(pipe.checkpoints)
+    assert read_key_state(store, Layout(), "u3")["total"] == totals(values[:30])["u3"]
+    hidden = read_parquet_sink(str(tmp_path / "counts")).to_pylist()
+    assert sum(r["clicks"] for r in hidden) == 30  # batch 1's output is hidden
+
+    again = runner(spark, kafka_settings, pipe).run(BatchOptions(run_id="c"))  # checkpoint 3
+    assert (again.batch_id, again.records_in) == (3, 30)
+    after = sorted(read_parquet_sink(str(tmp_path / "counts")).to_pylist(), key=str)
+    assert after == before
+    assert read_key_state(store, Layout(), "u3")["total"] == totals(values)["u3"]
+
+    with_kafka = count_pipeline(topic, str(tmp_path / "k"), out_topic=new_topic(admin, 1))
+    with pytest.raises(Exception, match="--accept-kafka-repeats"):
+        runner(spark, kafka_settings, with_kafka).replay_from(0)
+    assert main(["replay", "/nonexistent.py", "--from-checkpoint", "0"]) == 1

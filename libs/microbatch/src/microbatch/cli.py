@@ -9,6 +9,7 @@ A pipeline is named by reference: ``path/to/job.py`` or ``path/to/job.py:attr`` 
     microbatch checkpoints jobs/clickstream.py --json
     microbatch state jobs/clickstream.py user-42
     microbatch reshard jobs/clickstream.py
+    microbatch replay jobs/clickstream.py --from-checkpoint 12
     microbatch unlock jobs/clickstream.py
 
 Every command prints a readable table, or JSON with ``--json``. Errors print one line
@@ -238,6 +239,21 @@ def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     }
 
 
+def cmd_replay(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch.runtime.batch import BatchRunner
+
+    pipeline = load_pipeline(args.pipeline)
+    runner = BatchRunner(None, pipeline, settings)  # a rollback needs no Spark
+    m = runner.replay_from(
+        args.from_checkpoint, run_id=args.run_id, accept_kafka_repeats=args.accept_kafka_repeats
+    )
+    return {
+        "pipeline": pipeline.name,
+        "checkpoint": m.checkpoint_id,
+        "replayed_from": m.metadata["replayed_from"],
+    }
+
+
 def cmd_unlock(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.runtime.fence import LEASE_KEY
 
@@ -274,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--checkpoint", type=int, help="default: the latest")
     rs = add("reshard", "rewrite the latest checkpoint for a new max_parallelism")
     rs.add_argument("--max-parallelism", type=int, help="default: the pipeline's")
+    rp = add("replay", "roll back to a checkpoint: the next batches read again after it")
+    rp.add_argument("--from-checkpoint", type=int, required=True)
+    rp.add_argument("--run-id", help="owner of the lease")
+    rp.add_argument(
+        "--accept-kafka-repeats",
+        action="store_true",
+        help="replay even though Kafka sinks receive the undone outputs again",
+    )
     add("unlock", "release the lease of a run that died")
     return p
 
@@ -284,6 +308,7 @@ COMMANDS = {
     "checkpoints": cmd_checkpoints,
     "state": cmd_state,
     "reshard": cmd_reshard,
+    "replay": cmd_replay,
     "unlock": cmd_unlock,
 }
 

@@ -26,6 +26,7 @@ A crash anywhere, then a rerun, gives the outputs and state of a run without the
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import io
 import json
 import logging
@@ -43,6 +44,7 @@ from microbatch.checkpoint import (
     collect_garbage,
     commit_manifest,
     latest_manifest,
+    load_manifest,
     should_write_full,
 )
 from microbatch.errors import BatchError, CheckpointError, ConfigError, MicrobatchError
@@ -185,6 +187,14 @@ class BatchRunner:
         batch_id = manifest.checkpoint_id
         staged_all = manifest.metadata.get("sinks", {})
         if "resharded_from" in manifest.metadata:  # a reshard has no output of its own
+            self.store.put(f"published/{batch_id:020d}", b"")
+            return
+        if "replayed_from" in manifest.metadata:
+            # A rollback: hide the Parquet output of the batches it undoes (they run again).
+            undone = manifest.metadata["replayed_from"]["checkpoint_id"]
+            for sink in self.pipeline.all_sinks():
+                if not isinstance(sink, KafkaSink):
+                    parquet_sink.unpublish_after(open_store(sink.url, self.settings), undone)
             self.store.put(f"published/{batch_id:020d}", b"")
             return
         for n, sink in enumerate(self.pipeline.all_sinks()):
@@ -525,6 +535,53 @@ class BatchRunner:
         result.seconds = seconds
         log.info("%s committed: %s", where, json.dumps(result.to_json()))
         return result
+
+    # Replay ---------------------------------------------------------------------------
+    def replay_from(
+        self, checkpoint_id: int, *, run_id: str | None = None, accept_kafka_repeats: bool = False
+    ) -> Manifest:
+        """Roll the pipeline back to committed checkpoint ``checkpoint_id``.
+
+        Commits a new checkpoint that is a copy of it (state, offsets, watermark, pending
+        enrichment), so the next batches read again every record after it. Parquet output
+        of the undone batches is hidden (their batches write it again); Kafka output cannot
+        be taken back, so pipelines with Kafka sinks need ``accept_kafka_repeats``."""
+        kafka = [s.name for s in self.pipeline.all_sinks() if isinstance(s, KafkaSink)]
+        if kafka and not accept_kafka_repeats:
+            raise ConfigError(
+                f"pipeline {self.name!r}: replaying from checkpoint {checkpoint_id} will "
+                f"publish the outputs of the undone batches again to Kafka sinks {kafka} "
+                "(Kafka records cannot be retracted). Pass --accept-kafka-repeats if "
+                "consumers of those topics deduplicate (e.g. by key)."
+            )
+        owner = run_id or f"replay-{uuid.uuid4().hex[:12]}"
+        with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
+            latest = latest_manifest(self.store, self.layout)
+            self.check_base(latest)
+            if latest is not None and not self.is_published(latest.checkpoint_id):
+                self.publish(latest)
+            source = load_manifest(self.store, self.layout, checkpoint_id)
+            if latest is None or checkpoint_id >= latest.checkpoint_id:
+                raise ConfigError(
+                    f"pipeline {self.name!r}: checkpoint {checkpoint_id} is the latest; "
+                    "there is nothing to replay"
+                )
+            metadata = {
+                k: v for k, v in source.metadata.items() if k not in ("sinks", "stats", "batch")
+            }
+            metadata["replayed_from"] = {
+                "checkpoint_id": checkpoint_id,
+                "undone": [checkpoint_id + 1, latest.checkpoint_id],
+            }
+            manifest = dataclasses.replace(
+                source,
+                checkpoint_id=latest.checkpoint_id + 1,
+                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+                metadata=metadata,
+            )
+            commit_manifest(self.store, self.layout, manifest)
+            self.publish(manifest)
+        return manifest
 
     # Step 6 -------------------------------------------------------------------------
     def gc(self) -> None:
