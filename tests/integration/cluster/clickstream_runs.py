@@ -97,3 +97,31 @@ def outcome(settings: Settings, cfg: ClickstreamConfig) -> dict[str, Any]:
         "checkpoint": manifest.checkpoint_id,
         "watermark": manifest.metadata["watermark"],
     }
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The job run's batch results and log, and both runs' outcomes."""
+
+    results: list[dict[str, Any]]
+    first_log: list[str]
+    want: dict[str, Any]
+    got: dict[str, Any]
+
+
+def compare_with_reference(
+    spark: Any, settings: Settings, job_settings: Settings, profile_url: str, monkeypatch: Any
+) -> Comparison:
+    """Batches at parallelism 2 then 3, in this process and as jobs with ``job_settings``."""
+    data = new_data(settings)
+    reference = config(settings, data, profile_url, "reference")
+    job = config(settings, data, profile_url, "job")
+    results, logs = [], []
+    for n, parallelism in enumerate((2, 3)):
+        if n == 1:
+            produce_second_half(settings, data)
+        reference_batch(spark, settings, reference, n, parallelism)
+        result, lines = job_batch(job_settings, job, n, parallelism, monkeypatch)
+        results.append(result)
+        logs.append(lines)
+    return Comparison(results, logs[0], outcome(settings, reference), outcome(settings, job))

@@ -13,6 +13,7 @@ import pytest
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_connect import SparkConnectServer
 from microbatch.runner import run_job
+from tests.integration.cluster.clickstream_runs import compare_with_reference
 
 pytestmark = pytest.mark.integration
 SMOKE_JOB = Path(__file__).resolve().parents[3] / "jobs" / "smoke.py"
@@ -54,33 +55,14 @@ def test_connect_run_writes_exactly_the_rows_of_a_classic_run(connect_server, st
     assert _rows(warm, topic + "-b") == _rows(classic, topic + "-a")
 
 
-@pytest.fixture(scope="module")
-def profiles(tmp_path_factory):
-    from microbatch.demo import ProfileService
-
-    service = ProfileService(5, 0.05, tmp_path_factory.mktemp("profiles") / "service.log")
-    yield service
-    service.stop()
-
-
 def test_example_pipeline_through_connect_equals_classic_spark(
     connect_server, stack_settings, spark, profiles, monkeypatch
 ):
-    from tests.integration.cluster import clickstream_runs as runs
-
     warm = dataclasses.replace(stack_settings, spark_master=connect_server.url)
-    data = runs.new_data(stack_settings)
-    classic_cfg = runs.config(stack_settings, data, profiles.url, "classic")
-    connect_cfg = runs.config(stack_settings, data, profiles.url, "connect")
+    run = compare_with_reference(spark, stack_settings, warm, profiles.url, monkeypatch)
 
-    runs.reference_batch(spark, stack_settings, classic_cfg, 0, parallelism=2)
-    first, lines = runs.job_batch(warm, connect_cfg, 0, 2, monkeypatch)
-    runs.produce_second_half(stack_settings, data)
-    runs.reference_batch(spark, stack_settings, classic_cfg, 1, parallelism=3)
-    second, _ = runs.job_batch(warm, connect_cfg, 1, 3, monkeypatch)
-
-    assert not any("spark-submit" in line for line in lines[:1]), "Connect must not spark-submit"
-    assert first["records_in"] > 0 and second["records_in"] > 0
-    want, got = runs.outcome(stack_settings, classic_cfg), runs.outcome(stack_settings, connect_cfg)
-    assert len(want["sessions"]) > 20
-    assert got == want
+    assert "spark-submit" not in run.first_log[0], "Connect must not start a JVM"
+    assert [r["parallelism"] for r in run.results] == [2, 3]
+    assert all(r["records_in"] > 0 for r in run.results)
+    assert len(run.want["sessions"]) > 20
+    assert run.got == run.want

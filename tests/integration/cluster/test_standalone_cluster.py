@@ -11,6 +11,7 @@ import pytest
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_cluster import SparkStandaloneCluster
 from microbatch.runner import run_job
+from tests.integration.cluster.clickstream_runs import compare_with_reference
 
 pytestmark = pytest.mark.integration
 SMOKE_JOB = Path(__file__).resolve().parents[3] / "jobs" / "smoke.py"
@@ -38,34 +39,14 @@ def test_smoke_job_on_two_workers_writes_the_same_rows_as_produced(cluster, stac
     assert len(apps) >= 2, f"expected executors on both workers, found {apps}"
 
 
-@pytest.fixture(scope="module")
-def profiles(tmp_path_factory):
-    from microbatch.demo import ProfileService
-
-    service = ProfileService(5, 0.05, tmp_path_factory.mktemp("profiles") / "service.log")
-    yield service
-    service.stop()
-
-
 def test_example_pipeline_on_two_workers_equals_local_mode_across_a_rescale(
     cluster, stack_settings, spark, profiles, monkeypatch
 ):
-    from tests.integration.cluster import clickstream_runs as runs
-
     on_cluster = dataclasses.replace(stack_settings, spark_master=cluster.url)
-    data = runs.new_data(stack_settings)
-    local_cfg = runs.config(stack_settings, data, profiles.url, "local")
-    cluster_cfg = runs.config(stack_settings, data, profiles.url, "cluster")
+    run = compare_with_reference(spark, stack_settings, on_cluster, profiles.url, monkeypatch)
 
-    runs.reference_batch(spark, stack_settings, local_cfg, 0, parallelism=2)
-    first, lines = runs.job_batch(on_cluster, cluster_cfg, 0, 2, monkeypatch)
-    runs.produce_second_half(stack_settings, data)
-    runs.reference_batch(spark, stack_settings, local_cfg, 1, parallelism=3)
-    second, _ = runs.job_batch(on_cluster, cluster_cfg, 1, 3, monkeypatch)
-
-    assert any(cluster.url in line for line in lines), "the batch was not submitted to the cluster"
-    assert first["records_in"] > 0 and second["records_in"] > 0
-    assert (first["parallelism"], second["parallelism"]) == (2, 3)
-    want, got = runs.outcome(stack_settings, local_cfg), runs.outcome(stack_settings, cluster_cfg)
-    assert len(want["sessions"]) > 20
-    assert got == want
+    assert any(cluster.url in line for line in run.first_log), "not submitted to the cluster"
+    assert [r["parallelism"] for r in run.results] == [2, 3]
+    assert all(r["records_in"] > 0 for r in run.results)
+    assert len(run.want["sessions"]) > 20
+    assert run.got == run.want

@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,20 +20,6 @@ from microbatch.storage import open_store
 from tests.integration.runtime.pipelines import click, count_pipeline, timer_pipeline
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def bootstrap(kafka_settings) -> str:
-    return kafka_settings.kafka_bootstrap_servers
-
-
-@pytest.fixture(scope="module")
-def admin(bootstrap) -> Iterator:
-    from kafka import KafkaAdminClient
-
-    client = KafkaAdminClient(bootstrap_servers=bootstrap)
-    yield client
-    client.close()
 
 
 def new_topic(admin, partitions: int = 3) -> str:

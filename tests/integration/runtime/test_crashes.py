@@ -6,7 +6,6 @@ and identical state — also when the rerun asks for another parallelism.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.checkpoint.restore import restore_instance
+from microbatch.demo import read_topic
 from microbatch.runtime import CRASH_POINTS, BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
@@ -24,44 +24,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bootstrap(kafka_settings) -> str:
-    return kafka_settings.kafka_bootstrap_servers
-
-
-@pytest.fixture(scope="module")
-def admin(bootstrap) -> Iterator:
-    from kafka import KafkaAdminClient
-
-    client = KafkaAdminClient(bootstrap_servers=bootstrap)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def source_topic(bootstrap, admin) -> str:
     topic = new_topic(admin, 3)
     produce(bootstrap, topic, [*clicks(90, seed=3), b"oops", click("z", "/", bad=1)[:-1]])
     return topic
-
-
-def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes]]:
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
-    )
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
-        out: list[tuple[bytes | None, bytes]] = []
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=1000).values():
-                out += [(r.key, r.value) for r in records]
-        return sorted(out, key=lambda kv: (kv[0] or b"", kv[1]))
-    finally:
-        consumer.close()
 
 
 def all_state(root: Path) -> dict[bytes, Any]:
@@ -81,7 +47,7 @@ def outcome(root: Path, bootstrap: str, out_topic: str) -> dict[str, Any]:
     return {
         "counts": rows("counts"),
         "dead": rows("dead"),
-        "kafka": read_topic(bootstrap, out_topic),
+        "kafka": sorted(((m.key, m.value) for m in read_topic(bootstrap, out_topic)), key=str),
         "state": all_state(root),
     }
 

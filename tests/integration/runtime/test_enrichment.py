@@ -3,7 +3,6 @@ or doubled, and the outputs equal a run without a deadline."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from tests.integration.runtime.pipelines import click, enrich_pipeline
 from tests.integration.runtime.test_batches import new_topic, produce
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def admin(kafka_settings) -> Iterator:
-    from kafka import KafkaAdminClient
-
-    client = KafkaAdminClient(bootstrap_servers=kafka_settings.kafka_bootstrap_servers)
-    yield client
-    client.close()
 
 
 def rows(root: Path) -> list[dict]:

@@ -58,34 +58,27 @@ def merge_click(sessions: list[dict[str, Any]], click: dict[str, Any], gap_ms: i
         "pages": [click["page"]],
         "segment": click.get("segment"),
     }
-    keep = []
-    for s in sessions:
-        if s["start"] - gap_ms < ts < s["end"] + gap_ms or s["start"] <= ts <= s["end"]:
-            new = {
-                "start": min(s["start"], new["start"]),
-                "end": max(s["end"], new["end"]),
-                "clicks": s["clicks"] + new["clicks"],
-                "pages": sorted(set(s["pages"]) | set(new["pages"])),
-                "segment": s["segment"] or new["segment"],
-            }
-        else:
-            keep.append(s)
-    # A merged session may now reach others: merge until stable.
+    keep = list(sessions)
+    # Merge every session the new one reaches, until none does (a click can bridge two).
     changed = True
     while changed:
         changed = False
         for s in list(keep):
             if s["start"] - gap_ms < new["end"] and new["start"] < s["end"] + gap_ms:
                 keep.remove(s)
-                new = {
-                    "start": min(s["start"], new["start"]),
-                    "end": max(s["end"], new["end"]),
-                    "clicks": s["clicks"] + new["clicks"],
-                    "pages": sorted(set(s["pages"]) | set(new["pages"])),
-                    "segment": s["segment"] or new["segment"],
-                }
+                new = _merged(s, new)
                 changed = True
     return sorted([*keep, new], key=lambda s: s["start"])
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "start": min(a["start"], b["start"]),
+        "end": max(a["end"], b["end"]),
+        "clicks": a["clicks"] + b["clicks"],
+        "pages": sorted(set(a["pages"]) | set(b["pages"])),
+        "segment": a["segment"] or b["segment"],
+    }
 
 
 def session_row(user_id: str, s: dict[str, Any]) -> dict[str, Any]:

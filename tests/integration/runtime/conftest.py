@@ -1,0 +1,21 @@
+"""Fixtures of the runtime tests: the broker's address and one admin client per module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bootstrap(kafka_settings) -> str:
+    return kafka_settings.kafka_bootstrap_servers
+
+
+@pytest.fixture(scope="module")
+def admin(bootstrap) -> Iterator:
+    from kafka import KafkaAdminClient
+
+    client = KafkaAdminClient(bootstrap_servers=bootstrap)
+    yield client
+    client.close()
