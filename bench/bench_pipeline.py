@@ -1,0 +1,436 @@
+"""End-to-end keyed pipeline: microbatch vs Spark Structured Streaming, same topic, one run.
+
+Produces ``--records`` JSON events ``{"user_id": "user-<n % 10000>", "page": ..., "ts": ...}``
+(~120 bytes each) into a fresh 4-partition topic, then on ONE SparkSession (``local[2]``,
+built with the Kafka connector jars) measures, each consuming the whole topic in one batch:
+
+- **microbatch**: ``Pipeline(KafkaSource, Enrichment(zero-latency async pass-through,
+  unordered, capacity 1000), key_by="user_id", a KeyedProcessFunction counting per user in
+  value state and emitting {"user_id", "count"} per user, ParquetSink)``, parallelism 2,
+  max_parallelism 128, checkpoints and sink in temporary folders; one ``BatchRunner.run``;
+- **Structured Streaming** (the reference): the Kafka source (``spark-sql-kafka-0-10``,
+  resolved with mvn from ``bench/spark-kafka-pom.xml`` into ``.local/spark-kafka-jars``),
+  ``from_json``, ``groupBy("user_id").applyInPandasWithState`` (state = the count, output
+  mode update), ``Trigger.AvailableNow``, ``foreachBatch`` appending Parquet, checkpoint
+  in a temporary folder; timed from ``start()`` to ``awaitTermination()``;
+- the wall time of an **empty microbatch batch** (the pipeline again, nothing new to read).
+
+records/s = records / wall time of the batch (the session start is shared and excluded).
+Both engines first run once, untimed, over a small warm-up topic (``--warmup``), so neither
+pays the JVM's and the Python workers' one-time start-up inside its measurement;
+``--repeat N`` alternates the engines N times (fresh checkpoints each time) and keeps each
+one's best run. Every run is printed with the machine's load average, since a busy
+machine skews one engine's measurement more than the other's. Target:
+microbatch / Structured Streaming ≥ 1.0. The final count of every user must be equal in
+both outputs and sum to ``--records``; the table says whether they match.
+
+Uses the broker at ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set (e.g. ``make stack``),
+else starts a Kafka broker on free loopback ports and stops it at the end.
+
+    .venv/bin/python bench/bench_pipeline.py [--records 1000000 | --quick] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from microbatch.checkpoint import Layout, latest_manifest
+from microbatch.enrich import AsyncOperator, NoRetry
+from microbatch.localstack import KafkaBroker
+from microbatch.localstack.process import free_port_block
+from microbatch.runtime import (
+    BatchOptions,
+    BatchResult,
+    BatchRunner,
+    Enrichment,
+    KafkaSource,
+    KeyedProcessFunction,
+    ParquetSink,
+    Pipeline,
+    ProcessContext,
+)
+from microbatch.settings import Settings
+from microbatch.sinks import read_parquet_sink
+from microbatch.spark import spark_session
+from microbatch.storage import open_store
+
+REPO = Path(__file__).resolve().parents[1]
+POM = REPO / "bench" / "spark-kafka-pom.xml"
+JARS = REPO / ".local" / "spark-kafka-jars"
+PARTITIONS = 4
+USERS = 10_000
+TS0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+EVENT_DDL = "user_id STRING, page STRING, ts LONG"
+COUNT_SCHEMA = pa.schema([("user_id", pa.string()), ("count", pa.int64())])
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# The microbatch pipeline (module level: pickled to the Spark workers) ------------------
+
+
+class CountPerUser(KeyedProcessFunction):
+    """The running count of a user in value state; one output row per user per batch."""
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        count = ctx.value("count")
+        n = count.get(0) + len(records)
+        count.set(n)
+        ctx.emit({"user_id": key, "count": n})
+
+
+async def passthrough(record: Any) -> Any:
+    """A zero-latency in-process "service": the enrichment costs only its machinery."""
+    return record
+
+
+def make_operator() -> AsyncOperator:
+    return AsyncOperator(
+        passthrough,
+        mode="unordered",
+        capacity=1000,
+        timeout_s=None,
+        retry=NoRetry(),
+        on_failure="fail",
+    )
+
+
+def make_pipeline(name: str, topic: str, root: Path) -> Pipeline:
+    return Pipeline(
+        name=name,
+        source=KafkaSource(topics=(topic,), starting="earliest"),
+        enrich=Enrichment(make_operator),
+        key_by="user_id",
+        process=CountPerUser(),
+        sinks=[ParquetSink("counts", str(root / "counts"), COUNT_SCHEMA)],
+        checkpoints=str(root / "checkpoints"),
+        max_parallelism=128,
+        parallelism=2,
+    )
+
+
+# The Structured Streaming reference -----------------------------------------------------
+
+
+def count_users(key: tuple[str], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """applyInPandasWithState body: state = (count,); emits the user's new count."""
+    import pandas as pd
+
+    n = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        n += len(pdf)
+    state.update((n,))
+    yield pd.DataFrame({"user_id": [key[0]], "count": [n]})
+
+
+def run_structured_streaming(spark: Any, bootstrap: str, topic: str, root: Path) -> float:
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    out = str(root / "counts")
+    events = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("failOnDataLoss", "true")
+        .load()
+        .select(F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
+        .select("e.*")
+    )  # fmt: skip
+    counts = events.groupBy("user_id").applyInPandasWithState(
+        count_users,
+        outputStructType="user_id STRING, count LONG",
+        stateStructType="count LONG",
+        outputMode="update",
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+
+    def write(batch: Any, batch_id: int) -> None:
+        batch.write.mode("append").parquet(out)
+
+    started = time.perf_counter()
+    query = (
+        counts.writeStream.outputMode("update")
+        .foreachBatch(write)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(root / "checkpoint"))
+        .start()
+    )
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    if query.exception() is not None:
+        raise SystemExit(f"Structured Streaming query failed: {query.exception()}")
+    return elapsed
+
+
+# Set-up: jars, topic, data ---------------------------------------------------------------
+
+
+def spark_kafka_jars() -> list[str]:
+    """The connector's classpath (minus what pyspark ships), resolved once with mvn."""
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+    done = JARS / ".complete"
+    if not (done.exists() and done.read_text() == digest):
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise SystemExit("mvn is not on PATH; it resolves the Spark Kafka connector jars.")
+        shutil.rmtree(JARS, ignore_errors=True)
+        JARS.mkdir(parents=True)
+        log(f"resolving {POM.name} from Maven Central into {JARS} ...")
+        cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", f"-DoutputDirectory={JARS}"]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0 or not any(JARS.glob("spark-sql-kafka-0-10_*.jar")):
+            raise SystemExit(
+                f"mvn could not resolve {POM}:\n{(result.stdout + result.stderr)[-3000:]}"
+            )
+        done.write_text(digest)
+    import pyspark
+
+    shipped = {_artifact(p.name) for p in Path(pyspark.__file__).parent.joinpath("jars").iterdir()}
+    jars = []
+    for jar in sorted(JARS.glob("*.jar")):
+        if _artifact(jar.name) in shipped:  # never two versions of one library
+            log(f"  skipping {jar.name}: pyspark ships its own")
+        else:
+            jars.append(str(jar))
+    return jars
+
+
+def _artifact(jar_name: str) -> str:
+    """``kafka-clients-3.9.2.jar`` → ``kafka-clients``."""
+    stem = jar_name.removesuffix(".jar")
+    parts = stem.split("-")
+    while len(parts) > 1 and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def event(n: int) -> bytes:
+    return (
+        f'{{"user_id": "user-{n % USERS}", '
+        f'"page": "/products/category-{n % 37:02d}/item-{n % 99_991:06d}?ref=home&s={n:08x}", '
+        f'"ts": {TS0 + n * 10}}}'
+    ).encode()
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    from kafka import KafkaAdminClient, KafkaProducer
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        spec = {"num_partitions": PARTITIONS, "replication_factor": 1}
+        admin.create_topics({topic: spec}, wait_for_metadata=True)
+    finally:
+        admin.close()
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks=1,
+        linger_ms=50,
+        batch_size=1024 * 1024,
+        max_request_size=16 * 1024 * 1024,
+    )
+    started = time.monotonic()
+    step = max(n // 10, 1)
+    try:
+        for i in range(n):
+            producer.send(topic, value=event(i), partition=i % PARTITIONS)
+            if (i + 1) % step == 0:
+                elapsed = time.monotonic() - started
+                log(f"  {topic}: {i + 1:>10,} / {n:,} sent ({(i + 1) / elapsed:,.0f}/s)")
+        producer.flush()
+    finally:
+        producer.close()
+    elapsed = time.monotonic() - started
+    log(f"  {topic}: {n:,} records produced in {elapsed:.1f} s ({n / elapsed:,.0f}/s)")
+
+
+# Measurements ----------------------------------------------------------------------------
+
+
+def run_microbatch(spark: Any, settings: Settings, pipeline: Pipeline) -> tuple[float, BatchResult]:
+    started = time.perf_counter()
+    result = BatchRunner(spark, pipeline, settings).run(BatchOptions(run_id="bench"))
+    return time.perf_counter() - started, result
+
+
+def final_counts(table: pa.Table) -> dict[str, int]:
+    """Per user, the largest count emitted (the running count only grows)."""
+    agg = table.group_by("user_id").aggregate([("count", "max")])
+    return dict(
+        zip(agg.column("user_id").to_pylist(), agg.column("count_max").to_pylist(), strict=True)
+    )
+
+
+def compare(mb: dict[str, int], ss: dict[str, int], records: int) -> tuple[bool, str]:
+    users = min(records, USERS)
+    problems = []
+    for label, counts in (("microbatch", mb), ("structured streaming", ss)):
+        if sum(counts.values()) != records or len(counts) != users:
+            problems.append(f"{label}: {len(counts):,} users summing to {sum(counts.values()):,}")
+    differ = sorted(u for u in mb.keys() | ss.keys() if mb.get(u) != ss.get(u))
+    if differ:
+        sample = ", ".join(f"{u}: {mb.get(u)} vs {ss.get(u)}" for u in differ[:5])
+        problems.append(f"{len(differ):,} users differ ({sample})")
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"{users:,} users, counts sum to {records:,} in both"
+
+
+def print_table(rows: list[tuple[str, str, str]]) -> None:
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    print(f"\n{'metric':<{w0}}  {'value':>{w1}}  notes")
+    print(f"{'-' * w0}  {'-' * w1}  {'-' * 40}")
+    for name, value, note in rows:
+        print(f"{name:<{w0}}  {value:>{w1}}  {note}")
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cpus"
+
+
+def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
+    bootstrap = settings.kafka_bootstrap_servers
+    tag = uuid.uuid4().hex[:8]
+    topic, warm_topic = f"bench-pipeline-{tag}", f"bench-pipeline-warmup-{tag}"
+    log(f"producing {args.records:,} events to {topic} ({PARTITIONS} partitions) on {bootstrap}")
+    produce(bootstrap, topic, args.records)
+    if args.warmup:
+        produce(bootstrap, warm_topic, args.warmup)
+
+    jars = spark_kafka_jars()
+    log(f"starting Spark local[2] with {', '.join(Path(j).name for j in jars)}")
+    spark = spark_session(settings, "bench-pipeline", conf={"spark.jars": ",".join(jars)})
+    mb_runs: list[tuple[float, str]] = []
+    ss_runs: list[tuple[float, str]] = []
+    empty: list[float] = []
+    try:
+        if args.warmup:
+            log(f"warm-up (untimed): both engines over {args.warmup:,} records ...")
+            run_microbatch(spark, settings, make_pipeline(f"warm-{tag}", warm_topic, work / "w-mb"))
+            run_structured_streaming(spark, bootstrap, warm_topic, work / "w-ss")
+
+        def microbatch_run(i: int) -> None:
+            before = load()
+            log(f"[{i + 1}] microbatch: one batch over the whole topic ({before}) ...")
+            pipeline = make_pipeline(f"bench-{tag}-{i}", topic, work / f"mb{i}")
+            seconds, result = run_microbatch(spark, settings, pipeline)
+            mb_runs.append((seconds, before))
+            log(f"  {seconds:.2f} s; phases {result.seconds}")
+            if result.records_in != args.records:
+                raise SystemExit(f"microbatch read {result.records_in:,} of {args.records:,}")
+            manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
+            for inst in manifest.metadata["stats"]["instances"] if manifest else []:
+                log(
+                    f"    instance {inst['instance']}: {inst.get('records', 0):,} records, "
+                    f"{inst.get('keys', 0):,} keys, seconds {inst['seconds']}"
+                )
+            if i == 0:
+                log("  empty batches of the same pipeline (nothing new to read) ...")
+                for _ in range(args.empty_runs):
+                    seconds, empty_result = run_microbatch(spark, settings, pipeline)
+                    if empty_result.records_in:
+                        raise SystemExit(f"an empty batch read {empty_result.records_in}")
+                    empty.append(seconds)
+                    log(f"    {seconds:.2f} s; phases {empty_result.seconds}")
+
+        def streaming_run(i: int) -> None:
+            before = load()
+            log(f"[{i + 1}] Structured Streaming: AvailableNow over the whole topic ({before}) ...")
+            seconds = run_structured_streaming(spark, bootstrap, topic, work / f"ss{i}")
+            ss_runs.append((seconds, before))
+            log(f"  {seconds:.2f} s")
+
+        for i in range(args.repeat):  # alternate the order: load swings hit both alike
+            order = (
+                (microbatch_run, streaming_run) if i % 2 == 0 else (streaming_run, microbatch_run)
+            )
+            for measure in order:
+                measure(i)
+
+        mb_counts = final_counts(read_parquet_sink(str(work / "mb0" / "counts"), settings))
+        ss_counts = final_counts(pq.read_table(str(work / "ss0" / "counts")))
+    finally:
+        spark.stop()
+
+    match, detail = compare(mb_counts, ss_counts, args.records)
+    mb_seconds, ss_seconds = min(s for s, _ in mb_runs), min(s for s, _ in ss_runs)
+    mb_rate, ss_rate = args.records / mb_seconds, args.records / ss_seconds
+
+    def runs(xs: list[tuple[float, str]]) -> str:
+        return "; ".join(f"{s:.2f} s ({where} at start)" for s, where in xs)
+
+    best = "best of " if args.repeat > 1 else ""
+    rows = [
+        ("microbatch (enrich + keyed count, P=2)", f"{mb_rate:,.0f}/s", best + runs(mb_runs)),
+        (
+            "Structured Streaming (applyInPandasWithState)",
+            f"{ss_rate:,.0f}/s",
+            f"reference; sink foreachBatch → Parquet; {best}{runs(ss_runs)}",
+        ),
+        ("microbatch / Structured Streaming", f"{mb_rate / ss_rate:.2f}", "target ≥ 1.0"),
+        (
+            "empty microbatch batch",
+            f"{statistics.median(empty):.2f} s",
+            f"median of {len(empty)}: " + ", ".join(f"{s:.2f}" for s in empty),
+        ),
+        ("final counts per user", "match" if match else "MISMATCH", detail),
+    ]
+    print_table(rows)
+    if not match:
+        raise SystemExit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help="100,000 records")
+    parser.add_argument("--warmup", type=int, default=20_000, help="records; 0: no warm-up")
+    parser.add_argument("--empty-runs", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each engine; best counts")
+    args = parser.parse_args()
+    if args.quick:
+        args.records = 100_000
+    work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    broker = None
+    try:
+        if "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ:
+            settings = Settings.from_env(spark_master="local[2]", home=str(REPO / ".local"))
+        else:
+            port = free_port_block([0, 1])
+            settings = Settings.from_env(
+                kafka_bootstrap_servers=f"127.0.0.1:{port}",
+                spark_master="local[2]",
+                home=str(REPO / ".local"),
+            )
+            broker = KafkaBroker(settings, work / "kafka")
+            log(f"starting Kafka at {settings.kafka_bootstrap_servers} ...")
+            broker.start()
+        run(settings, args, work)
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
