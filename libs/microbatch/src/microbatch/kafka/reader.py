@@ -212,30 +212,18 @@ def split_ranges(
     return out
 
 
-def read_ranges(
-    spark: SparkSession,
-    bootstrap_servers: str,
-    ranges: Iterable[OffsetRange],
-    *,
-    max_records_per_task: int | None = None,
-    batch_rows: int = 10_000,
-    poll_timeout_s: float = 60.0,
-    consumer_config: Mapping[str, Any] | None = None,
-) -> DataFrame:
-    """A DataFrame (``KAFKA_SCHEMA``) of the records of ``ranges``, one range per task.
+def range_descriptors(
+    spark: SparkSession, ranges: Iterable[OffsetRange], max_records_per_task: int | None = None
+) -> DataFrame | None:
+    """One row ``(topic, partition, start, end)`` per Spark partition, or None if empty.
 
-    The ranges (split by ``max_records_per_task``) become a small descriptor DataFrame
-    with exactly one row per Spark partition — built from ``spark.range`` with as many
-    slices as rows, so no shuffle and no adaptive coalescing can merge two ranges into
-    one task — and ``mapInArrow`` turns each descriptor into its records.
-    """
+    Built from ``spark.range`` with as many slices as rows, so no shuffle and no adaptive
+    coalescing can merge two ranges into one task."""
     from pyspark.sql import functions as F
 
     pieces = split_ranges(ranges, max_records_per_task)
-    config = dict(consumer_config or {})
-    build_consumer_config(bootstrap_servers, config)  # bad settings fail on the driver
     if not pieces:
-        return spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
+        return None
     table = F.array(
         *[
             F.struct(
@@ -247,22 +235,59 @@ def read_ranges(
             for p in pieces
         ]
     )
-    descriptors = (
+    return (
         spark.range(0, len(pieces), 1, len(pieces))
         .select(F.element_at(table, (F.col("id") + 1).cast("int")).alias("r"))
         .select("r.*")
     )
 
+
+def read_descriptors(
+    batches: Iterable[pa.RecordBatch],
+    bootstrap_servers: str,
+    *,
+    batch_rows: int = 10_000,
+    poll_timeout_s: float = 60.0,
+    consumer_config: Mapping[str, Any] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The records (``KAFKA_SCHEMA``) of the ranges described by ``range_descriptors`` rows:
+    the body of a ``mapInArrow`` — alone, or fused with the next step of a task."""
+    for batch in batches:
+        for row in batch.to_pylist():
+            piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
+            yield from read_range(
+                bootstrap_servers,
+                piece,
+                batch_rows=batch_rows,
+                poll_timeout_s=poll_timeout_s,
+                consumer_config=consumer_config,
+            )
+
+
+def read_ranges(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    ranges: Iterable[OffsetRange],
+    *,
+    max_records_per_task: int | None = None,
+    batch_rows: int = 10_000,
+    poll_timeout_s: float = 60.0,
+    consumer_config: Mapping[str, Any] | None = None,
+) -> DataFrame:
+    """A DataFrame (``KAFKA_SCHEMA``) of the records of ``ranges``, one range per task."""
+    config = dict(consumer_config or {})
+    build_consumer_config(bootstrap_servers, config)  # bad settings fail on the driver
+    descriptors = range_descriptors(spark, ranges, max_records_per_task)
+    if descriptors is None:
+        return spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
+
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-                yield from read_range(
-                    bootstrap_servers,
-                    piece,
-                    batch_rows=batch_rows,
-                    poll_timeout_s=poll_timeout_s,
-                    consumer_config=config,
-                )
+        return read_descriptors(
+            batches,
+            bootstrap_servers,
+            batch_rows=batch_rows,
+            poll_timeout_s=poll_timeout_s,
+            consumer_config=config,
+        )
 
     return descriptors.mapInArrow(read, KAFKA_SPARK_SCHEMA)

@@ -59,10 +59,10 @@ from microbatch.kafka import (
     consumer_group_name,
     mirror_offsets,
     partition_lag,
-    read_ranges,
     snapshot_from_json,
     snapshot_to_json,
 )
+from microbatch.kafka.reader import range_descriptors
 from microbatch.runtime import fence
 from microbatch.runtime.faults import check_crash_point, crash_if
 from microbatch.runtime.keyed import RESULT_DDL, TICK, StageTwo
@@ -289,11 +289,18 @@ class BatchRunner:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
-        kafka = read_ranges(self.spark, self.settings.kafka_bootstrap_servers, plan.ranges)
+        bootstrap = self.settings.kafka_bootstrap_servers
+        fused = StageOne(self.pipeline, parallelism, watermark, crash_at, bootstrap)
+        descriptors = range_descriptors(self.spark, plan.ranges)
+        if descriptors is None:
+            envelopes = self.spark.createDataFrame([], envelope_type)
+        else:
+            envelopes = descriptors.mapInArrow(fused, envelope_type)
         if pending is not None and pending.num_rows:
-            kafka = kafka.unionByName(self.spark.createDataFrame(pending.to_pandas()))
-        fn = StageOne(self.pipeline, parallelism, watermark, crash_at)
-        return kafka.mapInArrow(fn, envelope_type)
+            again = StageOne(self.pipeline, parallelism, watermark, crash_at)
+            rows = self.spark.createDataFrame(pending.to_pandas())
+            envelopes = envelopes.unionByName(rows.mapInArrow(again, envelope_type))
+        return envelopes
 
     def load_pending(self, base: Manifest | None) -> pa.Table | None:
         """Enrichment inputs the last batch left unfinished, as Kafka-shaped rows."""

@@ -36,13 +36,12 @@ from microbatch.keygroups import KeyGroupRange, decode_key, key_group_range
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import DEAD_LETTER_SINK, KafkaSink, ParquetSink, Pipeline
 from microbatch.runtime.process import ProcessContext
-from microbatch.runtime.records import DEAD_LETTER, RECORD
+from microbatch.runtime.records import DEAD_LETTER, RECORD, payload_decoder
 from microbatch.settings import Settings
 from microbatch.sinks import kafka as kafka_sink
 from microbatch.sinks import parquet as parquet_sink
 from microbatch.sinks.deadletters import dead_letter_messages, dead_letter_table
 from microbatch.state import KeyedStateBackend
-from microbatch.state.codec import decode_value
 from microbatch.storage import open_store
 
 RESULT_DDL = "instance INT, result STRING"
@@ -204,13 +203,14 @@ class StageTwo:
         cols = cols.to_pydict()
         n = len(cols["key"])
         stats["records"] = n
+        decode = payload_decoder(pipeline)
         i = 0
         while i < n:
             key_bytes, kg = cols["key"][i], cols["key_group"][i]
             j = i
             while j < n and cols["key"][j] == key_bytes:
                 j += 1
-            records = [decode_value(p) for p in cols["payload"][i:j]]
+            records = [decode(p) for p in cols["payload"][i:j]]
             key = decode_key(key_bytes)
             backup = (
                 _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None

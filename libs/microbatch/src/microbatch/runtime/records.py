@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from microbatch.errors import MicrobatchError
+from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import Pipeline
@@ -98,6 +99,9 @@ class StageOne:
     parallelism: int
     watermark: int | None
     crash_at: str | None = None
+    #: Set: the input rows are range descriptors and this task reads them from Kafka
+    #: itself (one Python worker per task instead of two chained ones).
+    bootstrap_servers: str | None = None
 
     def keyed(self, record: Any) -> tuple[bytes, int, int | None]:
         """(key bytes, key-group, event time) of a decoded record, or raise ``_Bad``."""
@@ -141,6 +145,8 @@ class StageOne:
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none)."""
         where = f"pipeline {self.pipeline.name!r} stage 1"
+        if self.bootstrap_servers is not None:
+            batches = read_descriptors(batches, self.bootstrap_servers)
         if self.pipeline.enrich is None:
             for batch in batches:
                 yield self.envelopes(batch)
@@ -164,7 +170,7 @@ class StageOne:
             inputs[(topic, part)] += 1
             try:
                 record = self.decode(rvalue)
-                self.add_record(out, topic, part, off, 0, record)
+                self.add_record(out, topic, part, off, 0, record, raw=rvalue)
             except _Bad as bad:
                 out.dead(topic, part, off, self.parallelism, bad.reason, bad.error, rkey, rvalue)
         out.stats(inputs)
@@ -236,14 +242,28 @@ class StageOne:
         return out.build()
 
     def add_record(
-        self, out: EnvelopeBuilder, topic: str, part: int, off: int, seq: int, record: Any
+        self,
+        out: EnvelopeBuilder,
+        topic: str,
+        part: int,
+        off: int,
+        seq: int,
+        record: Any,
+        raw: bytes | None = None,
     ) -> None:
-        """Append ``record`` as a keyed row; raises ``_Bad`` (nothing appended) if unfit."""
+        """Append ``record`` as a keyed row; raises ``_Bad`` (nothing appended) if unfit.
+
+        ``raw``: the record's source bytes, carried instead of re-encoding the record when
+        stage 2 can decode them again (no enrichment changed it): the decoder (C-speed
+        JSON) is much cheaper than the pure-Python state codec."""
         key_bytes, kg, ts = self.keyed(record)
-        try:
-            payload = encode_value(record)
-        except MicrobatchError as e:
-            raise _Bad("undecodable", f"decoded value is not plain data: {e}") from e
+        if raw is not None:
+            payload = raw
+        else:
+            try:
+                payload = encode_value(record)
+            except MicrobatchError as e:
+                raise _Bad("undecodable", f"decoded value is not plain data: {e}") from e
         inst = operator_index(kg, self.pipeline.max_parallelism, self.parallelism)
         out.add(RECORD, topic, part, off, seq, inst, kg, key_bytes, ts, payload)
 
@@ -301,3 +321,10 @@ class EnvelopeBuilder:
 
     def build(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_pydict(self.cols, schema=ENVELOPE_SCHEMA)
+
+
+def payload_decoder(pipeline: Pipeline) -> Any:
+    """How stage 2 turns a record's payload back into the record (see ``add_record``)."""
+    from microbatch.state.codec import decode_value
+
+    return decode_value if pipeline.enrich is not None else pipeline.source.decoder
