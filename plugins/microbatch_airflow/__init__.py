@@ -1,5 +1,17 @@
-"""The Airflow side of microbatch: a thin adapter over the library.
+"""The Airflow side of microbatch: a thin adapter over the library (see docs/airflow.md).
 
-``connections`` turns Airflow connections into :class:`microbatch.Settings`;
-``operators`` submits one Spark job per task and returns its result as XCom.
+==================  ====================================================================
+module              what
+==================  ====================================================================
+``connections``     Airflow connections → :class:`microbatch.Settings`
+``dag_factory``     ``microbatch_dag(...)``: one DAG per pipeline, one batch per run
+``params``          the trigger form (JSON schema): parallelism, max_records, dry_run
+``operators``       run a Spark job; run one batch; skip a batch with nothing to do
+``triggers``        ``NewDataTrigger``: the deferrable "anything new?" check
+``freshness``       the rules of that check (pure) and its one I/O call
+``jobrun``          run a batch job, stream its log, return its result or its error
+``assets``          the pipeline's asset and the ``extra`` of its events
+``ui``              the Microbatch page (FastAPI, login enforced)
+``plugin``          the ``AirflowPlugin`` registering the page and its nav link
+==================  ====================================================================
 """

@@ -73,19 +73,53 @@ def _optional_connection(conn_id: str | None) -> Any | None:
         return None
 
 
+async def _aoptional_connection(conn_id: str | None) -> Any | None:
+    if not conn_id:
+        return None
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return await Connection.async_get(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+def _overrides(conns: dict[str, Any]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for kind, translate in (
+        ("kafka", kafka_overrides),
+        ("s3", s3_overrides),
+        ("spark", spark_overrides),
+    ):
+        if conns.get(kind) is not None:
+            overrides.update(translate(conns[kind]))
+    return overrides
+
+
+async def asettings_from_airflow(
+    kafka_conn_id: str | None = KAFKA_CONN_ID,
+    s3_conn_id: str | None = S3_CONN_ID,
+    spark_conn_id: str | None = SPARK_CONN_ID,
+) -> Settings:
+    """:func:`settings_from_airflow` for async code (triggers run in the triggerer)."""
+    conns = {
+        "kafka": await _aoptional_connection(kafka_conn_id),
+        "s3": await _aoptional_connection(s3_conn_id),
+        "spark": await _aoptional_connection(spark_conn_id),
+    }
+    return Settings.from_env(**_overrides(conns))
+
+
 def settings_from_airflow(
     kafka_conn_id: str | None = KAFKA_CONN_ID,
     s3_conn_id: str | None = S3_CONN_ID,
     spark_conn_id: str | None = SPARK_CONN_ID,
 ) -> Settings:
     """Settings for a task: each defined connection overrides its part of the env."""
-    overrides: dict[str, str] = {}
-    for conn_id, translate in (
-        (kafka_conn_id, kafka_overrides),
-        (s3_conn_id, s3_overrides),
-        (spark_conn_id, spark_overrides),
-    ):
-        conn = _optional_connection(conn_id)
-        if conn is not None:
-            overrides.update(translate(conn))
-    return Settings.from_env(**overrides)
+    conns = {
+        "kafka": _optional_connection(kafka_conn_id),
+        "s3": _optional_connection(s3_conn_id),
+        "spark": _optional_connection(spark_conn_id),
+    }
+    return Settings.from_env(**_overrides(conns))

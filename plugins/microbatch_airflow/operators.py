@@ -1,13 +1,15 @@
-"""The operator that runs one microbatch Spark job per task."""
+"""Operators: run a Spark job, run one micro-batch, skip a batch that has nothing to do."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from microbatch.errors import MicrobatchError
 from microbatch_airflow.connections import (
     KAFKA_CONN_ID,
     S3_CONN_ID,
@@ -46,7 +48,6 @@ class MicrobatchJobOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from microbatch.errors import MicrobatchError
         from microbatch.runner import run_job
 
         settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id)
@@ -55,3 +56,233 @@ class MicrobatchJobOperator(BaseOperator):
             return run_job(self.job, self.job_args, settings, echo=self.log.info)
         except MicrobatchError as exc:
             raise AirflowException(str(exc)) from None
+
+
+class MicrobatchBatchOperator(BaseOperator):
+    """Run one micro-batch of the pipeline in ``job`` (a ``jobs/*.py`` entrypoint).
+
+    The batch's arguments come from the operator, else from the run's params
+    (``parallelism``, ``max_records``, ``dry_run``; see :mod:`microbatch_airflow.params`):
+
+    - ``--until``: ``until`` if given (templated), else the run's ``data_interval_end``
+      (for a manual run without one: its logical date, else when it was triggered), so a
+      run's data interval is its batch;
+    - ``--run-id``: ``{{ dag.dag_id }}/{{ run_id }}`` — a retry of the same run takes over
+      the pipeline's lease and replays the plan the first attempt stored.
+
+    The job's log streams into the task log; the batch result (``batch_id``,
+    ``records_in``, ``outputs``, ``dead_letters``, ``watermark``, ``lag``, ``ranges``,
+    ``seconds``, ``status``) is the XCom return value; a failed batch fails the task with
+    the batch's own message. A committed batch emits one event on each asset outlet
+    (``extra``: :func:`microbatch_airflow.assets.asset_event_extra`); a dry run commits
+    nothing, emits no event, and logs its offset ranges and lag.
+    """
+
+    template_fields: Sequence[str] = ("until", "run_id", "job_args", "env")
+    ui_color = "#d7ecfb"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        until: str | None = None,
+        run_id: str | None = "{{ dag.dag_id }}/{{ run_id }}",
+        parallelism: int | None = None,
+        max_records: int | None = None,
+        dry_run: bool | None = None,
+        env: dict[str, str] | None = None,
+        job_args: Sequence[str] = (),
+        kafka_conn_id: str | None = KAFKA_CONN_ID,
+        s3_conn_id: str | None = S3_CONN_ID,
+        spark_conn_id: str | None = SPARK_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.until = until
+        self.run_id = run_id
+        self.parallelism = parallelism
+        self.max_records = max_records
+        self.dry_run = dry_run
+        self.env = dict(env or {})
+        self.job_args = list(job_args)
+        self.kafka_conn_id = kafka_conn_id
+        self.s3_conn_id = s3_conn_id
+        self.spark_conn_id = spark_conn_id
+
+    def batch_args(self, context: Any) -> tuple[list[str], bool]:
+        from microbatch_airflow.params import batch_cli_args
+
+        params = context.get("params") or {}
+
+        def pick(own: Any, name: str) -> Any:
+            return own if own is not None else params.get(name)
+
+        dry_run = bool(pick(self.dry_run, "dry_run"))
+        args = batch_cli_args(
+            until=self.until or interval_end(context),
+            run_id=self.run_id,
+            parallelism=pick(self.parallelism, "parallelism"),
+            max_records=pick(self.max_records, "max_records"),
+            dry_run=dry_run,
+        )
+        return [*args, *self.job_args], dry_run
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowException
+
+        from microbatch_airflow.assets import asset_event_extra
+        from microbatch_airflow.jobrun import run_batch_job
+
+        settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id)
+        _mask(settings)
+        self.log.info("microbatch settings: %s", settings.redacted())
+        args, dry_run = self.batch_args(context)
+        try:
+            result = run_batch_job(self.job, args, settings, env=self.env, echo=self.log.info)
+        except MicrobatchError as exc:
+            raise AirflowException(str(exc)) from None
+        self.log.info(
+            "batch %s %s: %s records in, outputs %s, %s dead letters, watermark %s",
+            result.get("batch_id"), result.get("status"), result.get("records_in"),
+            result.get("outputs"), result.get("dead_letters"), result.get("watermark"),
+        )  # fmt: skip
+        for r in result.get("ranges", []):
+            self.log.info("  %s[%s] offsets [%s, %s)", r["topic"], r["partition"], r["from"],
+                          r["until"])  # fmt: skip
+        self.log.info("lag per partition: %s", result.get("lag"))
+        if dry_run or result.get("status") != "committed":
+            self.log.info("dry run: nothing committed, no asset event")
+            self.outlets = []  # the task's asset outlets get no event for this run
+            return result
+        for outlet in self.outlets:
+            context["outlet_events"][outlet].extra = asset_event_extra(result)
+        return result
+
+
+def interval_end(context: Any) -> str:
+    """The batch's end: data interval end, else logical date, else trigger time, else now."""
+    import datetime as dt
+
+    for key in ("data_interval_end", "logical_date"):
+        value = context.get(key)
+        if value is not None:
+            return value.isoformat()
+    run = context.get("dag_run")
+    run_after = getattr(run, "run_after", None)
+    if run_after is not None:
+        return run_after.isoformat()
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
+def _mask(settings: Any) -> None:
+    """Register the secrets with Airflow's log masker, whatever their source."""
+    from airflow.sdk.log import mask_secret
+
+    if settings.s3_secret_access_key:
+        mask_secret(settings.s3_secret_access_key)
+
+
+class MicrobatchNewDataOperator(BaseOperator):
+    """Skip the run's batch when the pipeline has nothing to do (``skip_when_idle``).
+
+    Compares the Kafka end offsets with the offsets of the pipeline's newest checkpoint,
+    and checks whether event-time timers could fire (see :mod:`microbatch_airflow.freshness`
+    for the exact rules). No work → :class:`AirflowSkipException`, so the downstream batch
+    task is skipped too; work → the decision is the XCom value. A dry run is never
+    skipped (it is asked for to see the plan and the lag).
+
+    ``deferrable=True`` (default) hands the check to :class:`NewDataTrigger` in the
+    triggerer; ``wait_s`` lets it wait (polling every ``poll_interval_s``) for data to
+    arrive before giving up. ``skip_when_idle=False`` turns the check off.
+    """
+
+    template_fields: Sequence[str] = ("env",)
+    ui_color = "#eef6e8"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        env: dict[str, str] | None = None,
+        skip_when_idle: bool = True,
+        deferrable: bool = True,
+        wait_s: float = 0.0,
+        poll_interval_s: float = 30.0,
+        kafka_conn_id: str | None = KAFKA_CONN_ID,
+        s3_conn_id: str | None = S3_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.env = dict(env or {})
+        self.skip_when_idle = skip_when_idle
+        self.deferrable = deferrable
+        self.wait_s = wait_s
+        self.poll_interval_s = poll_interval_s
+        self.kafka_conn_id = kafka_conn_id
+        self.s3_conn_id = s3_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any] | None:
+        import time
+
+        from microbatch_airflow.freshness import PipelineFacts, check_for_work
+        from microbatch_airflow.triggers import NewDataTrigger
+
+        if not self.skip_when_idle:
+            self.log.info("skip_when_idle=False: the batch always runs")
+            return {"status": "new_data", "message": "skip_when_idle is off"}
+        if (context.get("params") or {}).get("dry_run"):
+            self.log.info("dry run: the plan is wanted even without new data")
+            return {"status": "new_data", "message": "dry run"}
+        settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, None)
+        _mask(settings)
+        facts = PipelineFacts.from_pipeline(load_job_pipeline(self.job, settings, self.env))
+        if self.deferrable:
+            self.defer(
+                trigger=NewDataTrigger(
+                    facts.to_json(),
+                    kafka_conn_id=self.kafka_conn_id,
+                    s3_conn_id=self.s3_conn_id,
+                    wait_s=self.wait_s,
+                    poll_interval_s=self.poll_interval_s,
+                ),
+                method_name="execute_complete",
+            )
+        decision = check_for_work(facts, settings, int(time.time() * 1000))
+        return self.execute_complete(context, decision.event())
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+
+        status, message = event.get("status"), event.get("message", "")
+        if status == "idle":
+            raise AirflowSkipException(f"nothing to do: {message}")
+        if status != "new_data":
+            raise AirflowException(message or f"unexpected trigger event {event!r}")
+        self.log.info("the batch runs: %s", message)
+        return event
+
+
+def load_job_pipeline(job: str, settings: Any, env: dict[str, str] | None = None) -> Any:
+    """The Pipeline of ``job`` as the job itself would build it: with the task's settings
+    and extra environment applied while its module runs (it reads ``MICROBATCH_*``)."""
+    import os
+
+    from microbatch.cli import load_pipeline
+
+    overlay = {**settings.to_env(), **(env or {})}
+    with _ENVIRON_LOCK:  # the API server loads pipelines from several threads
+        saved = {k: os.environ.get(k) for k in overlay}
+        os.environ.update(overlay)
+        try:
+            return load_pipeline(job)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+_ENVIRON_LOCK = threading.Lock()

@@ -1,0 +1,19 @@
+"""The clickstream pipeline (``jobs/clickstream.py``): one micro-batch every 5 minutes.
+
+Configuration (topics, S3 root, profile service) comes from ``MICROBATCH_CLICKSTREAM_*``
+variables; services from the ``microbatch_*`` connections or ``MICROBATCH_*`` variables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from microbatch_airflow.dag_factory import microbatch_dag
+
+microbatch_dag(
+    "clickstream",
+    Path(__file__).resolve().parents[1] / "jobs" / "clickstream.py",
+    schedule="*/5 * * * *",
+    max_parallelism=64,  # the pipeline's max_parallelism (ClickstreamConfig)
+    default_parallelism=2,
+)

@@ -1,0 +1,121 @@
+"""Declare a pipeline's DAG in a few lines: ``microbatch_dag("clickstream", "jobs/x.py")``.
+
+The DAG runs one micro-batch per run::
+
+    new_data (MicrobatchNewDataOperator) ──► batch (MicrobatchBatchOperator) ──► asset event
+
+- one run at a time (``max_active_runs=1``), no catch-up by default: a batch reads up to
+  the end of its run's data interval, and a late run simply reads more;
+- retries with exponential backoff; a retry of a run reuses its run id, so it takes over
+  the pipeline's lease and replays the plan the failed attempt stored;
+- trigger-form params ``parallelism``, ``max_records``, ``dry_run``
+  (:mod:`microbatch_airflow.params`);
+- ``skip_when_idle=True``: the batch is skipped when no record is new and no event-time
+  timer can fire (:mod:`microbatch_airflow.freshness`);
+- the batch task's outlet is the pipeline's asset ``microbatch://<pipeline>``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from microbatch_airflow.connections import KAFKA_CONN_ID, S3_CONN_ID, SPARK_CONN_ID
+
+DEFAULT_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def microbatch_dag(
+    dag_id: str,
+    job: str | Path,
+    *,
+    pipeline: str | None = None,
+    schedule: Any = "*/5 * * * *",
+    start_date: dt.datetime = DEFAULT_START,
+    max_parallelism: int,
+    default_parallelism: int,
+    retries: int = 2,
+    retry_delay: dt.timedelta = dt.timedelta(seconds=30),
+    retry_exponential_backoff: float = 2.0,
+    max_retry_delay: dt.timedelta = dt.timedelta(minutes=10),
+    catchup: bool = False,
+    env: Mapping[str, str] | None = None,
+    skip_when_idle: bool = True,
+    wait_for_data_s: float = 0.0,
+    deferrable: bool = True,
+    execution_timeout: dt.timedelta | None = dt.timedelta(hours=1),
+    kafka_conn_id: str | None = KAFKA_CONN_ID,
+    s3_conn_id: str | None = S3_CONN_ID,
+    spark_conn_id: str | None = SPARK_CONN_ID,
+    tags: Sequence[str] = (),
+    doc_md: str | None = None,
+    **dag_kwargs: Any,
+) -> Any:
+    """Build (and register) the DAG of the pipeline in ``job``.
+
+    ``pipeline`` names the asset (default: the job file's stem; it should equal the
+    pipeline's ``name``). ``max_parallelism`` bounds the ``parallelism`` param (use the
+    pipeline's own ``max_parallelism``); ``default_parallelism`` is its default. ``env``
+    is extra environment for the job (``MICROBATCH_<PIPELINE>_*`` configuration, never
+    secrets: use connections). ``wait_for_data_s`` lets the new-data check wait in the
+    triggerer for records to arrive before skipping. Other keyword arguments go to ``DAG``.
+    """
+    from airflow.sdk import DAG
+
+    from microbatch_airflow.assets import pipeline_asset
+    from microbatch_airflow.operators import MicrobatchBatchOperator, MicrobatchNewDataOperator
+    from microbatch_airflow.params import batch_params
+
+    job = str(Path(job).resolve())
+    pipeline = pipeline or Path(job).stem
+    env = dict(env or {})
+    default_args = {
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "retry_exponential_backoff": retry_exponential_backoff,
+        "max_retry_delay": max_retry_delay,
+        "execution_timeout": execution_timeout,
+    }
+    with DAG(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        catchup=catchup,
+        max_active_runs=dag_kwargs.pop("max_active_runs", 1),
+        params=batch_params(max_parallelism, default_parallelism),
+        default_args={**default_args, **dag_kwargs.pop("default_args", {})},
+        tags=sorted({"microbatch", pipeline, *tags}),
+        doc_md=doc_md or _doc(pipeline, job),
+        **dag_kwargs,
+    ) as dag:
+        check = MicrobatchNewDataOperator(
+            task_id="new_data",
+            job=job,
+            env=env,
+            skip_when_idle=skip_when_idle,
+            deferrable=deferrable,
+            wait_s=wait_for_data_s,
+            kafka_conn_id=kafka_conn_id,
+            s3_conn_id=s3_conn_id,
+        )
+        batch = MicrobatchBatchOperator(
+            task_id="batch",
+            job=job,
+            env=env,
+            outlets=[pipeline_asset(pipeline)],
+            kafka_conn_id=kafka_conn_id,
+            s3_conn_id=s3_conn_id,
+            spark_conn_id=spark_conn_id,
+        )
+        check >> batch
+    return dag
+
+
+def _doc(pipeline: str, job: str) -> str:
+    return (
+        f"Micro-batches of pipeline **{pipeline}** (`{Path(job).name}`): each run reads the "
+        "Kafka records of its data interval and commits one checkpoint. Trigger with "
+        "*parallelism*, *max_records* or *dry_run* (plan only). See `docs/airflow.md`."
+    )

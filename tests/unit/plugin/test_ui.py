@@ -1,0 +1,164 @@
+"""The Microbatch page over real checkpoints (written with the checkpoint API on a local
+store, no Spark), and its refusal of requests without an Airflow login."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from fastapi import Request
+from fastapi.testclient import TestClient
+
+from microbatch import Settings
+from microbatch.checkpoint import Layout, checkpoint, latest_manifest
+from microbatch.kafka import TopicPartition
+from microbatch.keygroups import key_group, key_group_range, operator_index
+from microbatch.state import KeyedStateBackend
+from microbatch.storage import open_store
+from microbatch_airflow.ui.app import airflow_user, create_app
+from microbatch_airflow.ui.render import MAX_BARS, key_group_chart, page
+
+MAXP, P = 16, 2
+ENDS = {TopicPartition("clicks-ui", 0): 50, TopicPartition("clicks-ui", 1): 17}
+SECRET = "s3cr3t-never-shown"
+SETTINGS = Settings.from_env(env={}, s3_secret_access_key=SECRET)
+
+JOB = """
+from microbatch.examples.clickstream import ClickstreamConfig, clickstream_pipeline
+
+pipeline = clickstream_pipeline(ClickstreamConfig(root={root!r}, max_parallelism={maxp},
+                                                  topic="clicks-ui"))
+"""
+
+
+def write_batches(root: Path) -> None:
+    """Two checkpoints of a 'clickstream' pipeline with state in a few key-groups."""
+    store = open_store(f"{root}/checkpoints")
+    base = None
+    for cid, users in ((0, 6), (1, 10)):
+        backends = [KeyedStateBackend(MAXP, key_group_range(MAXP, P, i)) for i in range(P)]
+        for u in range(users):
+            key = f"user-{u}"
+            ctx = backends[operator_index(key_group(key, MAXP), MAXP, P)].for_key(key)
+            ctx.value("sessions").set([{"start": u, "pages": ["/home"] * (u + 1)}])
+        metadata = {
+            "offsets": {"clicks-ui": {"0": 40 + cid, "1": 17}},
+            "watermark": 1_767_225_600_000 + cid * 60_000,
+            "batch": {"processing_time_ms": 1_767_225_600_000 + cid * 300_000, "replayed": False},
+            "stats": {
+                "records_in": 100 + cid,
+                "dead_letters": 3,
+                "instances": [
+                    {"instance": i, "seconds": {"restore": 0.1, "process": 0.5 + i}}
+                    for i in range(P)
+                ],
+            },
+        }
+        base = checkpoint(store, Layout(), backends, cid, base=base, pipeline_fingerprint="fp",
+                          metadata=metadata)  # fmt: skip
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> str:
+    root = tmp_path / "clickstream"
+    write_batches(root)
+    path = tmp_path / "clickstream_job.py"
+    path.write_text(textwrap.dedent(JOB.format(root=str(root), maxp=MAXP)))
+    return str(path)
+
+
+async def signed_in(request: Request) -> str:
+    return "tester"  # stands in for Airflow's login in rendering tests (see test_airflow_ui)
+
+
+def end_offsets_from(ends: dict):
+    return lambda settings: lambda tps: {tp: ends[tp] for tp in tps}
+
+
+def client(job_file: str, **kwargs) -> TestClient:
+    app = create_app(
+        lambda: [job_file],
+        authenticate=kwargs.pop("authenticate", signed_in),
+        settings=lambda: SETTINGS,
+        end_offsets=kwargs.pop("end_offsets", end_offsets_from(ENDS)),
+    )
+    return TestClient(app)
+
+
+def test_page_shows_checkpoints_lag_watermark_timings_and_key_group_chart(job_file, tmp_path):
+    html = client(job_file).get("/").text
+
+    assert '<h2 id="clickstream">clickstream</h2>' in html
+    assert "checkpoint <b>1</b>" in html
+    assert "watermark <b>2026-01-01T00:01:00+00:00</b>" in html
+    assert "<td>clicks-ui[0]</td><td>41</td><td>50</td><td>9</td>" in html  # lag 9
+    assert "<td>clicks-ui[1]</td><td>17</td><td>17</td><td>0</td>" in html
+    assert "<td>1</td><td>" in html and "<td>101</td><td>3</td>" in html  # records, dead
+    assert "<td>300.0</td>" in html  # 5 minutes between the two batches
+    assert "process 1.5, restore 0.1" in html  # the slowest instance's phases
+    assert html.count("<rect ") == MAXP
+    assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
+
+
+def test_json_endpoint_returns_the_same_data(job_file):
+    views = client(job_file).get("/api/pipelines").json()
+
+    (view,) = views
+    assert [c["id"] for c in view["checkpoints"]] == [1, 0]
+    assert view["latest"]["state_keys"] == 10
+    store = open_store(view["checkpoints_url"])
+    assert view["latest"]["state_bytes"] == latest_manifest(store, Layout()).total_bytes
+    assert sum(g["keys"] for g in view["key_groups"]) == 10
+
+
+def test_unreachable_kafka_still_shows_checkpoints_with_the_error(job_file):
+    def broken(settings):
+        def end_offsets(tps):
+            raise ConnectionError("brokers at 127.0.0.1:1 unreachable")
+
+        return end_offsets
+
+    html = client(job_file, end_offsets=broken).get("/").text
+
+    assert "lag unavailable: brokers at 127.0.0.1:1 unreachable" in html
+    assert "checkpoint <b>1</b>" in html
+
+
+def test_a_pipeline_that_cannot_load_shows_its_error(tmp_path):
+    html = client(str(tmp_path / "missing.py")).get("/").text
+
+    assert "missing" in html and "does not exist" in html
+
+
+def test_no_secret_reaches_the_page_or_the_json(job_file):
+    c = client(job_file)
+
+    assert SECRET not in c.get("/").text
+    assert SECRET not in c.get("/api/pipelines").text
+
+
+@pytest.mark.parametrize("path", ["/", "/api/pipelines"])
+def test_requests_without_an_airflow_login_are_refused(job_file, path):
+    c = client(job_file, authenticate=airflow_user)
+
+    response = c.get(path, headers={"accept": "application/json"})
+
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert "clickstream" not in response.text
+
+
+def test_chart_buckets_many_key_groups_and_escapes_labels():
+    groups = [{"key_group": i, "bytes": i % 7, "keys": 1} for i in range(4096)]
+
+    svg = key_group_chart(groups, parallelism=4)
+
+    assert svg.count("<rect ") == MAX_BARS
+    assert "key-groups 0-15" in svg
+
+
+def test_page_escapes_names():
+    html = page([{"name": "<x>", "errors": ["<script>alert(1)</script>"]}])
+
+    assert "<script>" not in html and "&lt;script&gt;" in html
