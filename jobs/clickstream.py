@@ -18,6 +18,9 @@ from microbatch.settings import Settings
 pipeline = clickstream_pipeline(ClickstreamConfig.from_env(Settings.from_env().s3_bucket))
 
 if __name__ == "__main__":
+    import logging
+
     from microbatch.cli import main
 
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sys.exit(main(["run", f"{__file__}:pipeline", *sys.argv[1:]]))

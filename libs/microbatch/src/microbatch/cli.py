@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     from microbatch.settings import Settings
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if argv is None:  # a real command line (not a caller's in-process use): log to stderr
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
         out = COMMANDS[args.command](args, settings)
