@@ -48,6 +48,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from benchlib import print_table
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.enrich import AsyncOperator, NoRetry
@@ -293,15 +294,6 @@ def compare(mb: dict[str, int], ss: dict[str, int], records: int) -> tuple[bool,
     if problems:
         return False, "; ".join(problems)
     return True, f"{users:,} users, counts sum to {records:,} in both"
-
-
-def print_table(rows: list[tuple[str, str, str]]) -> None:
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    print(f"\n{'metric':<{w0}}  {'value':>{w1}}  notes")
-    print(f"{'-' * w0}  {'-' * w1}  {'-' * 40}")
-    for name, value, note in rows:
-        print(f"{name:<{w0}}  {value:>{w1}}  {note}")
 
 
 def load() -> str:

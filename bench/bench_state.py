@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import print_table
+
 from microbatch.checkpoint import Layout, checkpoint, restore_instance
 from microbatch.checkpoint.restore import empty_backends
 from microbatch.keygroups import key_group, key_group_range, operator_index
@@ -106,15 +108,6 @@ def run(store: CountingStore, n_keys: int, max_p: int, label: str) -> list[tuple
         )
         assert len(backend.keys()) == sum(len(keys_by_group.get(kg, [])) for kg in own)
     return rows
-
-
-def print_table(rows: list[tuple[str, str, str]]) -> None:
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    print(f"\n{'metric':<{w0}}  {'value':>{w1}}  notes")
-    print(f"{'-' * w0}  {'-' * w1}  {'-' * 40}")
-    for name, value, note in rows:
-        print(f"{name:<{w0}}  {value:>{w1}}  {note}")
 
 
 def main() -> None:
