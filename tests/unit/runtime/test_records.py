@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from microbatch.kafka import KAFKA_SCHEMA
 from microbatch.keygroups import key_group, operator_index
@@ -15,7 +18,14 @@ from microbatch.runtime import (
     KeyedProcessFunction,
     Pipeline,
 )
-from microbatch.runtime.records import StageOne, event_time_ms
+from microbatch.runtime.records import (
+    StageOne,
+    decode_payload,
+    encode_payload,
+    event_time_ms,
+    fast_json_decoder,
+)
+from microbatch.state.codec import CodecError, decode_value, encode_value
 
 
 class Noop(KeyedProcessFunction):
@@ -90,3 +100,64 @@ def test_event_times_are_epoch_ms_or_iso_8601() -> None:
     assert event_time_ms(1700000000000) == 1700000000000
     assert event_time_ms("1970-01-01T00:00:01Z") == 1000
     assert event_time_ms("1970-01-01T00:00:02") == 2000
+
+
+PLAIN_VALUES = [
+    None,
+    True,
+    -(2**70),
+    1.5,
+    float("-inf"),
+    "user-1 ✓",
+    b"\x00raw",
+    [1, (2, "three"), {"k": [None]}],
+    {"user_id": "u", "page": "/p", "ts": 1_767_225_600_000, 7: (1, 2)},
+]
+
+
+def test_envelope_payloads_decode_to_what_the_state_codec_would_give() -> None:
+    import datetime as dt
+    from collections import OrderedDict
+
+    others = [
+        {"at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)},  # not marshal's: codec fallback
+        OrderedDict(a=1),  # a subclass: comes back a plain dict, as from the codec
+        [bytearray(b"x")],
+    ]
+    for value in PLAIN_VALUES + others:
+        payload = encode_payload(value)
+        assert decode_payload(payload) == decode_value(encode_value(value)), value
+        assert type(decode_payload(payload)) is type(decode_value(encode_value(value)))
+    assert encode_payload(PLAIN_VALUES[-1])[:1] == b"\x00"  # the fast format
+    with pytest.raises(CodecError):
+        encode_payload({"s": {1, 2}})  # refused like the codec refuses it
+
+
+def test_envelope_payloads_keep_equal_sub_values_separate_objects() -> None:
+    shared = [1]
+    decoded = decode_payload(encode_payload({"a": shared, "b": shared}))
+    decoded["a"].append(2)
+    assert decoded["b"] == [1]
+
+
+def test_fast_json_decoder_gives_json_loads_results_and_errors() -> None:
+    cases = [
+        b'{"a":1}',
+        b' {"a": [1, 2.5, null]} ',
+        b'\xef\xbb\xbf{"a":1}',
+        '{"a":1}'.encode("utf-16"),
+        b"NaN",
+        b'{"a":1,"a":2}',
+        b'{"a":1}x',
+        b"{broken",
+        b"",
+        b"\xff",
+    ]
+    for raw in cases:
+        try:
+            expected: Any = json.loads(raw)
+        except ValueError as e:
+            with pytest.raises(type(e), match=re.escape(str(e))):
+                fast_json_decoder(raw)
+        else:
+            assert repr(fast_json_decoder(raw)) == repr(expected), raw

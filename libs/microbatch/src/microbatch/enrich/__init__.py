@@ -8,16 +8,10 @@ synchronous code; :mod:`microbatch.enrich.spark` runs it inside Spark tasks.
 See ``docs/enrich.md``.
 """
 
+from microbatch.enrich.elements import DeadLetter, Element, Output, PendingElement, Watermark
 from microbatch.enrich.loop import BatchOutcome, new_event_loop, run_batch
 from microbatch.enrich.metrics import EnrichMetrics
-from microbatch.enrich.operator import (
-    AsyncOperator,
-    DeadLetter,
-    Element,
-    Output,
-    PendingElement,
-    Watermark,
-)
+from microbatch.enrich.operator import AsyncOperator
 from microbatch.enrich.queues import Entry, KeyOrderedQueue, OrderedQueue, UnorderedQueue
 from microbatch.enrich.retry import (
     ExponentialBackoff,

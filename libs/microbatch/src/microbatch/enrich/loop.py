@@ -16,14 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from microbatch.enrich.operator import (
-    AsyncOperator,
-    DeadLetter,
-    Element,
-    Output,
-    PendingElement,
-    Watermark,
-)
+from microbatch.enrich.elements import DeadLetter, Element, Output, PendingElement, Watermark
+from microbatch.enrich.operator import AsyncOperator
 
 log = logging.getLogger(__name__)
 

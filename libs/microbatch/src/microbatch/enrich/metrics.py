@@ -1,12 +1,15 @@
 """Counters and latency percentiles of one async operator, cheap enough to keep always on.
 
-Latencies (admission → outcome, in seconds) go into a fixed-size reservoir sample
-(Vitter's algorithm R), so memory stays bounded whatever the element count and the
-percentiles stay representative of the whole run.
+Latencies (admission → outcome, in seconds) go into a fixed-size reservoir sample, so
+memory stays bounded whatever the element count and the percentiles stay representative
+of the whole run. Once the reservoir is full, Li's algorithm L draws how many
+observations to skip before the next replacement, so an observation that is not sampled
+costs a counter increment and no random draw.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,16 +41,29 @@ class EnrichMetrics:
     _samples: list[float] = field(default_factory=list, repr=False)
     _seen: int = field(default=0, repr=False)
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
+    _next: int = field(default=0, repr=False)  # the observation that replaces a sample
+    _w: float = field(default=0.0, repr=False)
 
     def observe_latency(self, seconds: float) -> None:
         """Record one element's latency from admission to outcome."""
         self._seen += 1
         if len(self._samples) < self.reservoir_size:
             self._samples.append(seconds)
-        else:
-            slot = self._rng.randrange(self._seen)
-            if slot < self.reservoir_size:
-                self._samples[slot] = seconds
+            if len(self._samples) == self.reservoir_size:
+                self._w = math.exp(math.log(self._uniform()) / self.reservoir_size)
+                self._skip()
+        elif self._seen == self._next:
+            self._samples[self._rng.randrange(self.reservoir_size)] = seconds
+            self._w *= math.exp(math.log(self._uniform()) / self.reservoir_size)
+            self._skip()
+
+    def _uniform(self) -> float:
+        """A uniform draw in (0, 1) (never 0, so its log is finite)."""
+        return self._rng.random() or 5e-324
+
+    def _skip(self) -> None:
+        w = min(self._w, 1.0 - 2**-53)
+        self._next = self._seen + int(math.log(self._uniform()) / math.log1p(-w)) + 1
 
     def percentile(self, q: float) -> float | None:
         """Latency at quantile ``q`` in ``[0, 1]`` (nearest rank), None before any sample."""

@@ -30,126 +30,30 @@ from collections.abc import (
     Iterator,
 )
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
+from types import CoroutineType
 from typing import Any, Literal
 
+from microbatch.enrich.elements import (
+    DeadLetter,
+    Element,
+    Output,
+    PendingElement,
+    Watermark,
+    where,
+)
 from microbatch.enrich.metrics import EnrichMetrics
 from microbatch.enrich.queues import Entry, KeyOrderedQueue, OrderedQueue, UnorderedQueue
-from microbatch.enrich.retry import RetryStrategy
+from microbatch.enrich.retry import RetryStrategy, may_retry_results
 from microbatch.errors import ConfigError, EnrichmentError
-from microbatch.state.codec import CodecError, decode_value, encode_value
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["ordered", "unordered", "ordered_per_key"]
 OnFailure = Literal["fail", "fallback", "dead_letter"]
-Coordinates = tuple[str, int, int]
 
 _QUEUES = {"ordered": OrderedQueue, "unordered": UnorderedQueue, "ordered_per_key": KeyOrderedQueue}
 _ON_FAILURE = ("fail", "fallback", "dead_letter")
-_PENDING_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Element:
-    """One input record and where it came from (``(topic, partition, offset)``)."""
-
-    record: Any
-    coordinates: Coordinates | None = None
-    key: Hashable = None
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """One result of the enrichment function for the input at ``coordinates``."""
-
-    value: Any
-    coordinates: Coordinates | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """An input that failed or timed out, emitted instead of results (``dead_letter``).
-
-    ``reason`` is ``"timeout"``, ``"error"`` or ``"invalid_result"``; ``attempts`` counts
-    the calls made, across batches.
-    """
-
-    record: Any
-    reason: str
-    error: str
-    attempts: int
-    coordinates: Coordinates | None = None
-    first_attempt_s: float | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Watermark:
-    """An event-time watermark passing through the operator."""
-
-    ts: int | float
-
-
-@dataclass(frozen=True, slots=True)
-class PendingElement:
-    """An input not yet emitted at a snapshot, with its retry state; re-issued on restore.
-
-    ``attempts`` counts the attempts that already *failed* (an attempt cut off by the
-    snapshot does not count); ``first_attempt_s`` is the wall-clock time of the first
-    call, in any batch. A watermark is stored with ``watermark`` set and no record.
-    """
-
-    record: Any = None
-    coordinates: Coordinates | None = None
-    key: Hashable = None
-    attempts: int = 0
-    first_attempt_s: float | None = None
-    watermark: int | float | None = None
-
-    @classmethod
-    def of(cls, item: Element | Watermark) -> PendingElement:
-        """The pending form of an input that never started."""
-        if isinstance(item, Watermark):
-            return cls(watermark=item.ts)
-        return cls(item.record, item.coordinates, item.key)
-
-    def to_bytes(self) -> bytes:
-        """Encode with the state codec (records and keys must be plain data)."""
-        try:
-            return encode_value(
-                (
-                    _PENDING_VERSION,
-                    self.record,
-                    self.coordinates,
-                    self.key,
-                    self.attempts,
-                    self.first_attempt_s,
-                    self.watermark,
-                )
-            )
-        except CodecError as e:
-            raise EnrichmentError(
-                f"cannot snapshot the pending input at {_where(self.coordinates)}: {e}"
-            ) from e
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> PendingElement:
-        """Decode bytes written by :meth:`to_bytes`."""
-        value = decode_value(data)
-        if not isinstance(value, tuple) or len(value) != 7 or value[0] != _PENDING_VERSION:
-            raise EnrichmentError(
-                f"not a pending element of version {_PENDING_VERSION}: {value!r:.200}"
-            )
-        _, record, coordinates, key, attempts, first, watermark = value
-        return cls(record, coordinates, key, attempts, first, watermark)
-
-
-def _where(coordinates: Coordinates | None, seq: int | None = None) -> str:
-    if coordinates is not None:
-        topic, partition, offset = coordinates
-        return f'"{topic}"[{partition}]@{offset}'
-    return "an input without source coordinates" + ("" if seq is None else f" (#{seq})")
 
 
 _STALE = asyncio.CancelledError("stale attempt")  # marker: cancelled by the operator
@@ -311,6 +215,7 @@ class AsyncOperator:
         self._capacity = capacity
         self._timeout_s = timeout_s
         self._retry = retry
+        self._may_retry_results = may_retry_results(retry)  # else skip asking per result
         self._on_failure = on_failure
         self._timeout_handler = timeout_handler
         self._key_of = key_of
@@ -525,19 +430,24 @@ class AsyncOperator:
                 key = self._key_of(element.record)
             except Exception as e:
                 raise EnrichmentError(
-                    f"key_of raised for {_where(element.coordinates)}: {e!r}"
+                    f"key_of raised for {where(element.coordinates)}: {e!r}"
                 ) from e
-        item = _Item(self._next_seq(), key=key)
+        seq = self._seq
+        self._seq = seq + 1
+        item = _Item(seq, key=key)
         item.element = element
         item.failures = failures
         item.first_attempt_s = first_attempt_s
-        item.admitted_at = loop.time()
         item.started = time.perf_counter()
         self._queue.add(item)
         self.metrics.in_flight = len(self._queue)
         if self._timeout_s is not None:
+            item.admitted_at = loop.time()
             item.timer = loop.call_at(item.admitted_at + self._timeout_s, self._on_timeout, item)
-        self._schedule_attempt(item)
+        if self._interval is None:
+            self._start_attempt(item)
+        else:
+            self._schedule_attempt(item)
 
     def _schedule_attempt(self, item: _Item) -> None:
         """Start an attempt now, or at the next rate-limit slot."""
@@ -570,7 +480,7 @@ class AsyncOperator:
                 future = asyncio.wrap_future(item.call, loop=self._loop)
             else:
                 awaitable = self._invoke(record)
-                if inspect.iscoroutine(awaitable):
+                if type(awaitable) is CoroutineType or inspect.iscoroutine(awaitable):
                     # The common case: drive the coroutine in our own task, so its outcome
                     # is handled in the same loop step (no extra done-callback round).
                     item.coro = awaitable
@@ -659,7 +569,7 @@ class AsyncOperator:
             return
         try:
             results = _normalize(value)
-            retry_result = self._retry.retries_result(value)
+            retry_result = self._may_retry_results and self._retry.retries_result(value)
         except Exception as e:
             self._on_error(item, e, False)
             return
@@ -709,11 +619,11 @@ class AsyncOperator:
     def _fail_element(self, item: _Item, reason: str, exc: BaseException, attempts: int) -> None:
         element = item.element
         assert element is not None
-        where = _where(element.coordinates, item.seq)
+        place = where(element.coordinates, item.seq)
         if self._on_failure == "fail":
             self._set_failure(
                 EnrichmentError(
-                    f"enrichment of {where} failed ({reason}) after {attempts} attempt(s): "
+                    f"enrichment of {place} failed ({reason}) after {attempts} attempt(s): "
                     f"{exc!r}. Fix the service or the function, or choose "
                     "on_failure='dead_letter' to keep going."
                 ),
@@ -726,7 +636,7 @@ class AsyncOperator:
                 results = _normalize(self._timeout_handler(element.record))
             except Exception as e:
                 self._set_failure(
-                    EnrichmentError(f"timeout_handler raised for {where} ({reason}): {e!r}"), e
+                    EnrichmentError(f"timeout_handler raised for {place} ({reason}): {e!r}"), e
                 )
                 return
             self.metrics.fallbacks += 1
@@ -746,7 +656,11 @@ class AsyncOperator:
     def _settle(self, item: _Item, outputs: list[Any]) -> None:
         """The element's one and only outcome: hand it to the queue and emit."""
         assert self._loop is not None
-        item.cancel_pending_work()
+        if item.timer or item.retry_handle or item.task or item.call:
+            item.cancel_pending_work()
+        else:  # nothing to cancel (the common case): only stale any late report
+            item.token += 1
+            item.coro = None
         item.in_flight = False
         item.outputs = outputs
         self.metrics.observe_latency(time.perf_counter() - item.started)
@@ -854,6 +768,8 @@ class AsyncOperator:
                 timer.cancel()
 
     def _notify(self) -> None:
+        if not self._waiters:
+            return
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             _wake(waiter)

@@ -146,3 +146,13 @@ class ExponentialBackoff(_Predicates):
 
 
 RetryStrategy = NoRetry | FixedDelay | ExponentialBackoff
+
+
+def may_retry_results(strategy: Any) -> bool:
+    """False if ``strategy`` retries no result whatever it is (one of the strategies here
+    without a ``retry_on_result`` predicate), so nobody needs to ask it per result."""
+    if isinstance(strategy, _Predicates) and (
+        type(strategy).retries_result is _Predicates.retries_result
+    ):
+        return any(p.on == "result" for p in strategy.predicates)
+    return True

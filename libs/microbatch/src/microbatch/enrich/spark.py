@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from microbatch.enrich.elements import DeadLetter, Element, Output, PendingElement
 from microbatch.enrich.loop import BatchOutcome, run_batch
-from microbatch.enrich.operator import AsyncOperator, DeadLetter, Element, Output, PendingElement
+from microbatch.enrich.operator import AsyncOperator
 from microbatch.errors import ConfigError, EnrichmentError
 from microbatch.state.codec import CodecError, decode_value, encode_value
 

@@ -36,7 +36,7 @@ from microbatch.keygroups import KeyGroupRange, decode_key, key_group_range
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import DEAD_LETTER_SINK, KafkaSink, ParquetSink, Pipeline
 from microbatch.runtime.process import ProcessContext
-from microbatch.runtime.records import DEAD_LETTER, RECORD, payload_decoder
+from microbatch.runtime.records import DEAD_LETTER, RECORD, gc_paused, payload_decoder
 from microbatch.settings import Settings
 from microbatch.sinks import kafka as kafka_sink
 from microbatch.sinks import parquet as parquet_sink
@@ -127,7 +127,8 @@ class StageTwo:
 
     def __call__(self, key: tuple[Any, ...], table: pa.Table) -> pa.Table:
         instance = key[0].as_py() if hasattr(key[0], "as_py") else int(key[0])
-        result = self.run(instance, table)
+        with gc_paused():
+            result = self.run(instance, table)
         return pa.table(
             {"instance": pa.array([instance], pa.int32()), "result": [json.dumps(result)]}
         )
