@@ -13,11 +13,12 @@ export AIRFLOW_HOME ?= $(CURDIR)/.local/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS := microbatch.localstack.airflow.SQLITE_BUSY_TIMEOUT
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv tools jars setup test test-unit lint format demo airflow \
+.PHONY: all venv tools jars setup browser test test-unit lint format demo airflow \
         stack-up stack-down stack-status bench lock clean cluster connect
 
 all: venv
@@ -51,9 +52,22 @@ $(AIRFLOW_HOME)/airflow.db: $(STAMP)
 
 setup: venv jars $(AIRFLOW_HOME)/airflow.db
 
+# Debian's headless Chromium and its WebDriver, for the browser test of the Airflow UI
+# (tests/e2e/test_airflow_standalone.py). A no-op when both are on PATH; else apt-get as
+# root (or through sudo).
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo "==> Debian packages $(BROWSER_PACKAGES) (the browser test)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "error: need root to install $(BROWSER_PACKAGES): apt-get install -y $(BROWSER_PACKAGES)" >&2; exit 1; fi; \
+	  $$SUDO apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null || \
+	    { echo "error: apt-get install $(BROWSER_PACKAGES) failed" >&2; exit 1; }; }
+
 ## ---- the two commands --------------------------------------------------------------
 
-test: setup
+test: setup browser
 	@echo "==> ruff"
 	@$(BIN)/ruff check libs dags plugins jobs tests bench
 	@echo "==> pytest (unit, then integration on real Kafka/SeaweedFS/Spark, then Airflow)"

@@ -2,10 +2,12 @@
 
 Configuration (topics, S3 root, profile service) comes from ``MICROBATCH_CLICKSTREAM_*``
 variables; services from the ``microbatch_*`` connections or ``MICROBATCH_*`` variables.
+``MICROBATCH_CLICKSTREAM_SCHEDULE`` overrides the cron schedule (default every 5 minutes).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from microbatch_airflow.dag_factory import microbatch_dag
@@ -13,7 +15,9 @@ from microbatch_airflow.dag_factory import microbatch_dag
 microbatch_dag(
     "clickstream",
     Path(__file__).resolve().parents[1] / "jobs" / "clickstream.py",
-    schedule="*/5 * * * *",
+    schedule=os.environ.get("MICROBATCH_CLICKSTREAM_SCHEDULE", "*/5 * * * *"),
     max_parallelism=64,  # the pipeline's max_parallelism (ClickstreamConfig)
     default_parallelism=2,
+    # Backfills publish the reprocessed sessions to Kafka again: consumers dedupe by key.
+    kafka_repeats_on_backfill=True,
 )

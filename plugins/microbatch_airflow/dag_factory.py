@@ -6,8 +6,15 @@ The DAG runs one micro-batch per run::
 
 - one run at a time (``max_active_runs=1``), no catch-up by default: a batch reads up to
   the end of its run's data interval, and a late run simply reads more;
+- a cron ``schedule`` gets real data intervals (``CronDataIntervalTimetable``: the run at
+  10:05 covers ``[10:00, 10:05)``), so ``airflow backfill create`` can reprocess past
+  intervals: each backfill run rewinds the pipeline to the checkpoint as of its interval's
+  start when the pipeline has gone past it (``docs/airflow.md``, "Backfill");
 - retries with exponential backoff; a retry of a run reuses its run id, so it takes over
   the pipeline's lease and replays the plan the failed attempt stored;
+- the batch task ``depends_on_past``: batches run in data-interval order, also within a
+  backfill (Airflow then refuses ``--run-backwards`` and needs ``--reprocess-behavior``
+  ``completed`` or ``failed``);
 - trigger-form params ``parallelism``, ``max_records``, ``dry_run``
   (:mod:`microbatch_airflow.params`);
 - ``skip_when_idle=True``: the batch is skipped when no record is new and no event-time
@@ -51,6 +58,7 @@ def microbatch_dag(
     spark_conn_id: str | None = SPARK_CONN_ID,
     tags: Sequence[str] = (),
     doc_md: str | None = None,
+    kafka_repeats_on_backfill: bool = False,
     **dag_kwargs: Any,
 ) -> Any:
     """Build (and register) the DAG of the pipeline in ``job``.
@@ -60,7 +68,9 @@ def microbatch_dag(
     pipeline's own ``max_parallelism``); ``default_parallelism`` is its default. ``env``
     is extra environment for the job (``MICROBATCH_<PIPELINE>_*`` configuration, never
     secrets: use connections). ``wait_for_data_s`` lets the new-data check wait in the
-    triggerer for records to arrive before skipping. Other keyword arguments go to ``DAG``.
+    triggerer for records to arrive before skipping. ``kafka_repeats_on_backfill`` lets
+    backfills of a pipeline with Kafka sinks publish the reprocessed intervals' records
+    again (without it such a backfill is refused). Other keyword arguments go to ``DAG``.
     """
     from airflow.sdk import DAG
 
@@ -80,7 +90,7 @@ def microbatch_dag(
     }
     with DAG(
         dag_id=dag_id,
-        schedule=schedule,
+        schedule=_with_data_intervals(schedule),
         start_date=start_date,
         catchup=catchup,
         max_active_runs=dag_kwargs.pop("max_active_runs", 1),
@@ -105,12 +115,28 @@ def microbatch_dag(
             job=job,
             env=env,
             outlets=[pipeline_asset(pipeline)],
+            kafka_repeats_on_backfill=kafka_repeats_on_backfill,
+            # Batches are ordered: a run's batch waits for the previous run's (succeeded or
+            # skipped). It also orders a backfill's runs, whatever its --max-active-runs.
+            depends_on_past=True,
             kafka_conn_id=kafka_conn_id,
             s3_conn_id=s3_conn_id,
             spark_conn_id=spark_conn_id,
         )
         check >> batch
     return dag
+
+
+def _with_data_intervals(schedule: Any) -> Any:
+    """A cron expression as a timetable whose runs cover ``[previous tick, tick)``.
+
+    Airflow 3 runs a bare cron string at its ticks with an empty data interval; a batch
+    needs the interval's start to know where a backfill starts."""
+    if not isinstance(schedule, str) or schedule in ("@once", "@continuous"):
+        return schedule
+    from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
+
+    return CronDataIntervalTimetable(schedule, timezone="UTC")
 
 
 def _doc(pipeline: str, job: str) -> str:

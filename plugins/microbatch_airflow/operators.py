@@ -67,6 +67,11 @@ class MicrobatchBatchOperator(BaseOperator):
     - ``--until``: ``until`` if given (templated), else the run's ``data_interval_end``
       (for a manual run without one: its logical date, else when it was triggered), so a
       run's data interval is its batch;
+    - ``--interval-start``: the run's ``data_interval_start`` (recorded in the checkpoint);
+    - ``--backfill`` for runs of an ``airflow backfill``: the batch reprocesses its interval,
+      first rewinding the pipeline to the checkpoint that ended at the interval's start if
+      it has gone past it (``kafka_repeats_on_backfill`` adds ``--accept-kafka-repeats``,
+      needed by pipelines with Kafka sinks, whose records are then published again);
     - ``--run-id``: ``{{ dag.dag_id }}/{{ run_id }}`` — a retry of the same run takes over
       the pipeline's lease and replays the plan the first attempt stored.
 
@@ -90,6 +95,7 @@ class MicrobatchBatchOperator(BaseOperator):
         parallelism: int | None = None,
         max_records: int | None = None,
         dry_run: bool | None = None,
+        kafka_repeats_on_backfill: bool = False,
         env: dict[str, str] | None = None,
         job_args: Sequence[str] = (),
         kafka_conn_id: str | None = KAFKA_CONN_ID,
@@ -104,6 +110,7 @@ class MicrobatchBatchOperator(BaseOperator):
         self.parallelism = parallelism
         self.max_records = max_records
         self.dry_run = dry_run
+        self.kafka_repeats_on_backfill = kafka_repeats_on_backfill
         self.env = dict(env or {})
         self.job_args = list(job_args)
         self.kafka_conn_id = kafka_conn_id
@@ -119,8 +126,12 @@ class MicrobatchBatchOperator(BaseOperator):
             return own if own is not None else params.get(name)
 
         dry_run = bool(pick(self.dry_run, "dry_run"))
+        start = None if self.until else context.get("data_interval_start")
         args = batch_cli_args(
             until=self.until or interval_end(context),
+            interval_start=None if start is None else start.isoformat(),
+            backfill=is_backfill(context) and start is not None,
+            accept_kafka_repeats=self.kafka_repeats_on_backfill,
             run_id=self.run_id,
             parallelism=pick(self.parallelism, "parallelism"),
             max_records=pick(self.max_records, "max_records"),
@@ -160,6 +171,13 @@ class MicrobatchBatchOperator(BaseOperator):
         return result
 
 
+def is_backfill(context: Any) -> bool:
+    """Is this run part of an ``airflow backfill``? Its batch then reprocesses its data
+    interval, rewinding the pipeline to the interval's start if it has gone past it."""
+    run_type = getattr(context.get("dag_run"), "run_type", None)
+    return str(getattr(run_type, "value", run_type)) == "backfill"
+
+
 def interval_end(context: Any) -> str:
     """The batch's end: data interval end, else logical date, else trigger time, else now."""
     import datetime as dt
@@ -190,11 +208,13 @@ class MicrobatchNewDataOperator(BaseOperator):
     and checks whether event-time timers could fire (see :mod:`microbatch_airflow.freshness`
     for the exact rules). No work → :class:`AirflowSkipException`, so the downstream batch
     task is skipped too; work → the decision is the XCom value. A dry run is never
-    skipped (it is asked for to see the plan and the lag).
+    skipped (it is asked for to see the plan and the lag), nor is a backfill run (it
+    reprocesses records the pipeline has already read).
 
-    ``deferrable=True`` (default) hands the check to :class:`NewDataTrigger` in the
-    triggerer; ``wait_s`` lets it wait (polling every ``poll_interval_s``) for data to
-    arrive before giving up. ``skip_when_idle=False`` turns the check off.
+    The check runs once in the task; when it finds nothing and ``wait_s`` > 0, the wait
+    for data (polling every ``poll_interval_s``) is handed to :class:`NewDataTrigger` in
+    the triggerer (``deferrable=True``, the default: no worker slot held) or done in the
+    task. ``skip_when_idle=False`` turns the check off.
     """
 
     template_fields: Sequence[str] = ("env",)
@@ -235,9 +255,17 @@ class MicrobatchNewDataOperator(BaseOperator):
         if (context.get("params") or {}).get("dry_run"):
             self.log.info("dry run: the plan is wanted even without new data")
             return {"status": "new_data", "message": "dry run"}
+        if is_backfill(context):
+            self.log.info("backfill: the interval is reprocessed, whatever is new")
+            return {"status": "new_data", "message": "backfill"}
         settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, None)
         _mask(settings)
         facts = PipelineFacts.from_pipeline(load_job_pipeline(self.job, settings, self.env))
+        decision = check_for_work(facts, settings, int(time.time() * 1000))
+        if decision.event().get("status") != "idle" or self.wait_s <= 0:
+            # Decided at once (one quick look at Kafka and the checkpoint): the triggerer
+            # is only worth its round trip for waiting for data to arrive.
+            return self.execute_complete(context, decision.event())
         if self.deferrable:
             self.defer(
                 trigger=NewDataTrigger(
@@ -249,7 +277,10 @@ class MicrobatchNewDataOperator(BaseOperator):
                 ),
                 method_name="execute_complete",
             )
-        decision = check_for_work(facts, settings, int(time.time() * 1000))
+        deadline = time.monotonic() + self.wait_s
+        while decision.event().get("status") == "idle" and time.monotonic() < deadline:
+            time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+            decision = check_for_work(facts, settings, int(time.time() * 1000))
         return self.execute_complete(context, decision.event())
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:

@@ -83,11 +83,20 @@ def batch_cli_args(
     parallelism: int | None,
     max_records: int | None,
     dry_run: bool,
+    interval_start: str | None = None,
+    backfill: bool = False,
+    accept_kafka_repeats: bool = False,
 ) -> list[str]:
     """The ``microbatch run`` arguments for one batch (see ``docs/runtime.md``)."""
     args: list[str] = []
+    if interval_start:
+        args += ["--interval-start", interval_start]
     if until:
         args += ["--until", until]
+    if backfill:
+        args.append("--backfill")
+        if accept_kafka_repeats:
+            args.append("--accept-kafka-repeats")
     if run_id:
         args += ["--run-id", run_id]
     if parallelism is not None:

@@ -51,18 +51,26 @@ def summary(run):
                 "xcom": XComModel.deserialize_value(rows[0]) if rows else None,
                 "events": [e.extra for e in events]}
 
+import datetime as dt
 import time
+# A run reads up to the end of its data interval: the interval that ended last before its
+# logical date. Logical dates 5 minutes apart from now + 5 min give intervals that end
+# after the clicks were produced, one after the other.
+first = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
+def at(n):
+    return first + dt.timedelta(minutes=5 * n)
 t0 = time.monotonic()
-out = {"shape": shape, "committed": summary(dag.test())}
+out = {"shape": shape, "committed": summary(dag.test(logical_date=at(0)))}
 t1 = time.monotonic()
-out["idle"] = summary(dag.test())
+out["idle"] = summary(dag.test(logical_date=at(1)))
 t2 = time.monotonic()
 click = json.dumps({"user_id": "user-x", "page": "/", "ts": 1767225600000}).encode()
 produce(__BOOTSTRAP__, __TOPIC__, [(b"user-x", click)] * 5)
-out["dry_run"] = summary(dag.test(run_conf={"dry_run": True, "parallelism": 3}))
+out["dry_run"] = summary(dag.test(logical_date=at(2),
+                                  run_conf={"dry_run": True, "parallelism": 3}))
 out["seconds"] = [round(t1 - t0), round(t2 - t1), round(time.monotonic() - t2)]
 try:
-    dag.test(run_conf={"parallelism": 0})
+    dag.test(logical_date=at(3), run_conf={"parallelism": 0})
     out["bad_param"] = "accepted"
 except Exception as exc:
     out["bad_param"] = type(exc).__name__ + ": " + str(exc)

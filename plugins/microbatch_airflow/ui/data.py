@@ -114,6 +114,7 @@ def _timing(
         if at_ms is None or previous_ms is None
         else round((at_ms - previous_ms) / 1000, 1),
         "records_in": stats.get("records_in", 0),
+        "batch_s": (stats.get("seconds") or {}).get("to_commit"),
         "instances": len(instances),
         "slowest_instance_s": round(sum(slowest.values()), 3),
         "phases": {k: round(v, 3) for k, v in slowest.items()},

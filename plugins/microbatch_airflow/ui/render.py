@@ -19,7 +19,7 @@ CHECKPOINT_COLUMNS = [
 ]  # fmt: skip
 TIMING_COLUMNS = [
     ("id", "batch"), ("at", "planned at"), ("since_previous_s", "since previous (s)"),
-    ("records_in", "records"), ("instances", "instances"),
+    ("records_in", "records"), ("batch_s", "plan to commit (s)"), ("instances", "instances"),
     ("slowest_instance_s", "slowest instance (s)"), ("phases", "its phases (s)"),
 ]  # fmt: skip
 

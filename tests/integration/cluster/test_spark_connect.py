@@ -66,3 +66,49 @@ def test_example_pipeline_through_connect_equals_classic_spark(
     assert all(r["records_in"] > 0 for r in run.results)
     assert len(run.want["sessions"]) > 20
     assert run.got == run.want
+
+
+SESSION_PROBE = """
+import sys
+from microbatch.settings import Settings
+from microbatch.spark import spark_session
+
+def worker_pid(batches):
+    import os
+
+    import pyarrow as pa
+
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]})
+
+
+spark = spark_session(Settings.from_env(), app_name="microbatch-session-probe")
+worker = spark.range(0, 1, 1, 1).mapInArrow(worker_pid, "pid long").collect()[0]["pid"]
+print(spark.client._session_id, worker)
+if sys.argv[1:] == ["stop"]:
+    spark.stop()  # releases the session on the server: the next batch cannot join it
+"""
+
+
+def test_connect_batches_of_one_pipeline_share_a_session_and_its_python_workers(
+    connect_server, stack_settings, tmp_path
+):
+    import os
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(SESSION_PROBE)
+    env = {**os.environ, **dataclasses.replace(stack_settings, spark_master=connect_server.url)
+           .to_env()}  # fmt: skip
+
+    def client(*args: str) -> tuple[str, str]:
+        done = subprocess.run([sys.executable, str(probe), *args], env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        session, worker = done.stdout.split()[-2:]
+        return session, worker
+
+    first, second, third = client(), client("stop"), client()
+
+    assert first == second, "a second client process must join the same session and workers"
+    assert third[0] != first[0], "a closed session is skipped for the next id of the day"

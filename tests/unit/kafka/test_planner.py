@@ -193,6 +193,8 @@ def test_until_timestamp_stops_before_first_record_at_or_after_it(broker):
     p = plan(broker, until_timestamp_ms=103)
     assert p.ranges == (OffsetRange("a", 0, 0, 3),)  # ts 100,101,102; a[1] starts at 200
     assert p.until_timestamp_ms == 103
+    assert p.reaches_until is True  # a backfill may start where this batch ends
+    assert plan(broker).reaches_until is None  # no interval end, nothing to reach
 
 
 def test_until_timestamp_with_no_later_record_reads_to_the_end(broker):
@@ -206,11 +208,14 @@ def test_until_timestamp_before_committed_offset_reads_nothing(broker):
     )
     assert p.ranges == ()
     assert p.end_offsets()[TP("a", 0)] == 8  # never goes backwards
+    assert p.reaches_until is False  # it stands past its end: no backfill starts here
 
 
 def test_until_timestamp_then_limits(broker):
     p = plan(broker, until_timestamp_ms=108, limits=BatchLimits(max_records_per_partition=5))
     assert p.ranges == (OffsetRange("a", 0, 0, 5),)
+    assert p.reaches_until is False  # capped before its end
+    assert type(p).from_json(p.to_json()) == p
 
 
 def test_retention_out_of_range_fails_naming_everything(broker):

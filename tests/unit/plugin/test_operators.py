@@ -39,3 +39,63 @@ def test_default_run_id_is_templated_per_dag_run():
 
     assert op.run_id == "{{ dag.dag_id }}/{{ run_id }}"
     assert "run_id" in op.template_fields and "until" in op.template_fields
+
+
+def test_a_backfill_run_reprocesses_its_interval_and_a_scheduled_run_only_records_it():
+    from airflow.utils.types import DagRunType
+
+    start = END - dt.timedelta(minutes=5)
+    op = MicrobatchBatchOperator(task_id="batch", job="jobs/clickstream.py", run_id="r",
+                                 kafka_repeats_on_backfill=True)  # fmt: skip
+    interval = {"data_interval_start": start, "data_interval_end": END, "params": {}}
+
+    backfill = {**interval, "dag_run": SimpleNamespace(run_type=DagRunType.BACKFILL_JOB)}
+    args, _ = op.batch_args(backfill)
+    assert args == ["--interval-start", start.isoformat(), "--until", END.isoformat(),
+                    "--backfill", "--accept-kafka-repeats", "--run-id", "r"]  # fmt: skip
+
+    scheduled = {**interval, "dag_run": SimpleNamespace(run_type=DagRunType.SCHEDULED)}
+    args, _ = op.batch_args(scheduled)
+    assert "--backfill" not in args and args[:2] == ["--interval-start", start.isoformat()]
+
+
+def test_a_cron_schedule_gets_data_intervals_so_backfills_know_where_to_start():
+    from microbatch_airflow.dag_factory import microbatch_dag
+
+    dag = microbatch_dag("unit_intervals", "jobs/clickstream.py", schedule="*/5 * * * *",
+                         max_parallelism=8, default_parallelism=2)  # fmt: skip
+
+    assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"  # not a bare trigger
+    assert (
+        microbatch_dag(
+            "unit_once",
+            "jobs/clickstream.py",
+            schedule="@once",
+            max_parallelism=8,
+            default_parallelism=2,
+        ).timetable.__class__.__name__
+        == "OnceTimetable"
+    )
+
+
+def test_batches_wait_for_the_previous_interval_so_backfills_run_in_order():
+    from microbatch_airflow.dag_factory import microbatch_dag
+
+    dag = microbatch_dag("unit_order", "jobs/clickstream.py", max_parallelism=8,
+                         default_parallelism=2)  # fmt: skip
+
+    assert dag.get_task("batch").depends_on_past is True
+    assert dag.get_task("new_data").depends_on_past is False  # the check itself never waits
+
+
+def test_a_backfill_run_is_never_skipped_as_idle():
+    from airflow.utils.types import DagRunType
+
+    from microbatch_airflow.operators import MicrobatchNewDataOperator
+
+    op = MicrobatchNewDataOperator(task_id="new_data", job="/nonexistent/job.py")
+    run = SimpleNamespace(run_type=DagRunType.BACKFILL_JOB)
+
+    # The pipeline has read these records already: the check must not even look.
+    assert op.execute({"dag_run": run, "params": {}}) == {"status": "new_data",
+                                                          "message": "backfill"}  # fmt: skip

@@ -49,6 +49,7 @@ def write_batches(root: Path) -> None:
             "stats": {
                 "records_in": 100 + cid,
                 "dead_letters": 3,
+                "seconds": {"plan": 0.2, "to_commit": 4.25 + cid},
                 "instances": [
                     {"instance": i, "seconds": {"restore": 0.1, "process": 0.5 + i}}
                     for i in range(P)
@@ -97,6 +98,7 @@ def test_page_shows_checkpoints_lag_watermark_timings_and_key_group_chart(job_fi
     assert "<td>1</td><td>" in html and "<td>101</td><td>3</td>" in html  # records, dead
     assert "<td>300.0</td>" in html  # 5 minutes between the two batches
     assert "process 1.5, restore 0.1" in html  # the slowest instance's phases
+    assert "<td>5.25</td>" in html  # batch 1 took 5.25 s from plan to commit
     assert html.count("<rect ") == MAXP
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
 

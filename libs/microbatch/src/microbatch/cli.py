@@ -101,14 +101,23 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     pipeline = load_pipeline(args.pipeline)
     options = BatchOptions(
         until_timestamp_ms=parse_time_ms(args.until) if args.until else None,
+        interval_start_ms=parse_time_ms(args.interval_start) if args.interval_start else None,
+        backfill=args.backfill,
+        accept_kafka_repeats=args.accept_kafka_repeats,
         parallelism=args.parallelism,
         max_records_per_batch=args.max_records,
         dry_run=args.dry_run,
         run_id=args.run_id,
         crash_at=args.crash_at,
     )
-    _progress(args, f"starting Spark ({settings.spark_master}) for pipeline {pipeline.name!r}")
-    spark = spark_session(settings, app_name=f"microbatch-{pipeline.name}")
+    session: list[Any] = []
+
+    def spark() -> Any:  # started when a batch first executes: a dry run never starts Spark
+        if not session:
+            _progress(args, f"starting Spark ({settings.spark_master}) for {pipeline.name!r}")
+            session.append(spark_session(settings, app_name=f"microbatch-{pipeline.name}"))
+        return session[0]
+
     results = []
     for n in range(args.batches):
         _progress(args, f"batch {n + 1}/{args.batches} ...")
@@ -276,6 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = add("run", "run the next batch(es)")
     run.add_argument("--until", help="data-interval end (ISO-8601 or epoch ms)")
+    run.add_argument("--interval-start", help="data-interval start (recorded; see --backfill)")
+    run.add_argument(
+        "--backfill",
+        action="store_true",
+        help="reprocess the interval: rewind first to the checkpoint that ended at "
+        "--interval-start if the pipeline is past it",
+    )
+    run.add_argument(
+        "--accept-kafka-repeats",
+        action="store_true",
+        help="with --backfill: rewind even though Kafka sinks receive the outputs again",
+    )
     run.add_argument("--parallelism", type=int, help="operator instances for this batch")
     run.add_argument("--max-records", type=int, help="cap on records in this batch")
     run.add_argument("--batches", type=int, default=1, help="how many batches to run")

@@ -3,6 +3,13 @@
 ``MICROBATCH_SPARK_MASTER`` decides the engine: ``local[*]``, a cluster
 (``spark://``, ``k8s://``, ``yarn``) or a warm Spark Connect server (``sc://host:port``).
 
+Warm mode keeps more than the JVM warm: every batch of one pipeline joins the same Connect
+*session* (a stable session id per server, application name and UTC day), and a session
+owns its Python worker processes on the server. A batch therefore finds workers that
+already imported the library and its clients, instead of starting a Python daemon and
+importing everything again (several seconds). An expired or closed session is skipped for
+the next id of the day; the URL's own ``;session_id=`` wins when given.
+
 Workers must run the driver's interpreter (the venv's Python): otherwise they pick up
 ``python3`` from PATH and fail with "No module named pyarrow". pyspark is imported
 lazily so the rest of the library works without it.
@@ -10,15 +17,20 @@ lazily so the rest of the library works without it.
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import os
 import sys
+import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from microbatch.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -33,6 +45,10 @@ CONNECT_CONF: dict[str, str] = {
     key: DEFAULT_CONF[key]
     for key in ("spark.sql.execution.arrow.pyspark.enabled", "spark.sql.session.timeZone")
 }
+
+#: Session ids tried per day before falling back to a fresh session (cold Python workers).
+CONNECT_SESSION_IDS_PER_DAY = 4
+SESSION_CLOSED = "INVALID_HANDLE.SESSION_CLOSED"
 
 
 def use_this_python_for_workers() -> None:
@@ -50,10 +66,7 @@ def spark_session(
 
     if settings.spark_master.startswith("sc://"):
         # Spark Connect: the server owns the application; only runtime SQL confs apply.
-        builder = SparkSession.builder.remote(settings.spark_master)
-        for key, value in {**CONNECT_CONF, **(conf or {})}.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return connect_session(settings.spark_master, app_name, {**CONNECT_CONF, **(conf or {})})
     builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
     local = {}
     if settings.spark_master.startswith("local"):
@@ -64,3 +77,62 @@ def spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def connect_session_id(master: str, app_name: str, day: dt.date, attempt: int = 0) -> str:
+    """The Connect session id batches of ``app_name`` share on ``master`` on ``day``.
+
+    Deterministic, so separate client processes (one per batch) join one server session
+    and its warm Python workers; a new id each UTC day, and ``attempt`` skips ids whose
+    session the server closed (idle timeout, ``stop()``). A version-4-shaped UUID, as
+    the Connect client requires."""
+    seed = uuid.uuid5(uuid.NAMESPACE_URL, f"{master}|{app_name}|{day.isoformat()}|{attempt}")
+    return str(uuid.UUID(bytes=seed.bytes, version=4))
+
+
+def with_session_id(master: str, session_id: str) -> str:
+    """``master`` (``sc://host:port[/;param=value...]``) with ``;session_id=`` added."""
+    base = master if "/;" in master else master.rstrip("/") + "/"
+    return f"{base};session_id={session_id}"
+
+
+def connect_session(master: str, app_name: str, conf: Mapping[str, str]) -> SparkSession:
+    """The active Connect session, else this pipeline's shared session of the day (see the
+    module docstring), else a fresh one."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    active = ConnectSession.getActiveSession()
+    if active is not None:
+        return active
+    if "session_id=" in master:
+        candidates = [master]
+    else:
+        today = dt.datetime.now(dt.UTC).date()
+        candidates = [
+            with_session_id(master, connect_session_id(master, app_name, today, attempt))
+            for attempt in range(CONNECT_SESSION_IDS_PER_DAY)
+        ] + [master]
+    for url in candidates:
+        builder = SparkSession.builder.remote(url)  # also switches pyspark to Connect mode
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        try:
+            return builder.create()  # applying the confs is a first round trip: it fails fast
+        except PySparkException as e:
+            if e.getCondition() != SESSION_CLOSED or url == candidates[-1]:
+                raise
+            log.info("Spark Connect closed the session of %s; trying the next id", app_name)
+            _discard(ConnectSession)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _discard(connect_session_class: Any) -> None:
+    """Close the session ``create()`` just registered and failed with, now (a channel
+    left to the garbage collector at exit can hang the process), and unregister it so the
+    next ``create()`` becomes the active session."""
+    failed = connect_session_class._active_session.session
+    if failed is not None:
+        failed.release_session_on_close = False  # nothing to release: the server closed it
+        failed.stop()

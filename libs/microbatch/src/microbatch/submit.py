@@ -36,12 +36,13 @@ def spark_submit_command(
     """``(argv, env)`` to run ``job`` against ``settings.spark_master``.
 
     Classic masters go through spark-submit; a Spark Connect URL (``sc://``) runs the job
-    as a plain Python client of the warm server, with no JVM of its own.
+    as a plain Python client of the warm server, with no JVM of its own. So does a dry
+    run (``--dry-run`` among ``job_args``): it only plans, and never starts Spark.
     """
     job = Path(job)
     if not job.exists():
         raise ConfigError(f"Spark job {job} does not exist")
-    if settings.spark_master.startswith("sc://"):
+    if settings.spark_master.startswith("sc://") or "--dry-run" in job_args:
         # Warm mode: the Connect server already holds the JVM; the job is a plain client.
         argv = [sys.executable, str(job), *job_args]
     else:

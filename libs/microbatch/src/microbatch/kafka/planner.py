@@ -264,6 +264,10 @@ class BatchPlan:
     until_timestamp_ms: int | None = None
     skipped: Mapping[TopicPartition, int] = dataclasses.field(default_factory=dict)
     created_at: int = 0  # epoch milliseconds, informational only
+    reaches_until: bool | None = None
+    """With an interval end: does every partition stop exactly at it? Not when a limit
+    caps the batch, nor when a partition already stood past it (a later interval ran
+    first). Only a batch that reaches its end exactly is a place a backfill can start."""
 
     def __post_init__(self) -> None:
         where = f"plan {self.pipeline!r} batch {self.batch_id}"
@@ -325,6 +329,7 @@ class BatchPlan:
             "until_timestamp_ms": self.until_timestamp_ms,
             "skipped": snapshot_to_json(self.skipped),
             "created_at": self.created_at,
+            "reaches_until": self.reaches_until,
         }
 
     @classmethod
@@ -338,6 +343,7 @@ class BatchPlan:
             until_timestamp_ms=data.get("until_timestamp_ms"),
             skipped=snapshot_from_json(data.get("skipped", {})),
             created_at=int(data.get("created_at", 0)),
+            reaches_until=data.get("reaches_until"),
         )
 
 
@@ -460,6 +466,10 @@ def plan_batch(
         if allowed[tp] > 0
     )
 
+    reaches_until = None
+    if until_timestamp_ms is not None:
+        reaches_until = all(start[tp] <= until[tp] and allowed[tp] == backlog[tp] for tp in tps)
+
     snapshot = {tp: o for tp, o in committed.items() if tp.topic not in set(topics)}
     snapshot.update(start)
     return BatchPlan(
@@ -471,6 +481,7 @@ def plan_batch(
         until_timestamp_ms=until_timestamp_ms,
         skipped=skipped,
         created_at=int(time.time() * 1000) if now_ms is None else now_ms,
+        reaches_until=reaches_until,
     )
 
 

@@ -32,6 +32,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -82,6 +83,7 @@ from microbatch.runtime.records import (
     STAT,
     StageOne,
 )
+from microbatch.runtime.rewind import RewindTarget, find_rewind_target
 from microbatch.runtime.watermark import WatermarkState, advance, partition_name
 from microbatch.settings import Settings
 from microbatch.sinks import kafka as kafka_sink
@@ -94,9 +96,19 @@ SPEC_PREFIX = "batches/"
 
 @dataclasses.dataclass(frozen=True)
 class BatchOptions:
-    """Per-run choices; None means "the pipeline's default"."""
+    """Per-run choices; None means "the pipeline's default".
+
+    ``interval_start_ms``/``until_timestamp_ms`` are the run's data interval (recorded in
+    the checkpoint). With ``backfill``, a pipeline that already went past the interval's
+    start first rewinds to the checkpoint that ended there (:mod:`.rewind`), so the
+    interval is processed again from the state it had then; ``accept_kafka_repeats``
+    allows that for pipelines with Kafka sinks (their records are published again).
+    """
 
     until_timestamp_ms: int | None = None
+    interval_start_ms: int | None = None
+    backfill: bool = False
+    accept_kafka_repeats: bool = False
     parallelism: int | None = None
     max_records_per_batch: int | None = None
     dry_run: bool = False
@@ -121,6 +133,7 @@ class BatchResult:
     lag: dict[str, int] = dataclasses.field(default_factory=dict)
     ranges: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     recovered_publish: int | None = None
+    rewind: dict[str, Any] | None = None
     state_bytes_written: int = 0
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -148,10 +161,15 @@ def _starting(pipeline: Pipeline) -> StartingPosition:
 
 
 class BatchRunner:
-    """Runs batches of one pipeline on one SparkSession (driver side)."""
+    """Runs batches of one pipeline on one SparkSession (driver side).
 
-    def __init__(self, spark: Any, pipeline: Pipeline, settings: Settings) -> None:
-        self.spark = spark
+    ``spark`` is a SparkSession, or a function returning one that is called only when a
+    batch executes: a dry run, a recovery or a replay never starts Spark."""
+
+    def __init__(
+        self, spark: Any | Callable[[], Any] | None, pipeline: Pipeline, settings: Settings
+    ) -> None:
+        self._spark = spark
         self.pipeline = pipeline
         self.settings = settings
         self.store: ObjectStore = open_store(pipeline.checkpoints, settings)
@@ -159,6 +177,15 @@ class BatchRunner:
         self.plans = PlanStore(self.store)
         check_storage_for_master(pipeline, settings.spark_master)
         _ship_user_code(pipeline)
+
+    @property
+    def spark(self) -> Any:
+        """The session; made on first use when the runner was given a factory."""
+        if self._spark is None:
+            raise ConfigError(f"pipeline {self.name!r}: this runner has no SparkSession")
+        if not hasattr(self._spark, "createDataFrame"):  # a factory, not a session
+            self._spark = self._spark()
+        return self._spark
 
     @property
     def name(self) -> str:
@@ -190,11 +217,13 @@ class BatchRunner:
             self.store.put(f"published/{batch_id:020d}", b"")
             return
         if "replayed_from" in manifest.metadata:
-            # A rollback: hide the Parquet output of the batches it undoes (they run again).
-            undone = manifest.metadata["replayed_from"]["checkpoint_id"]
+            # A rewind: the Parquet output of the batches it undoes stays visible until the
+            # batches that read their input again replace it (see sinks.parquet).
+            first, last = manifest.metadata["replayed_from"]["undone"]
             for sink in self.pipeline.all_sinks():
                 if not isinstance(sink, KafkaSink):
-                    parquet_sink.unpublish_after(open_store(sink.url, self.settings), undone)
+                    store = open_store(sink.url, self.settings)
+                    parquet_sink.publish_rewind(store, batch_id, range(first, last + 1))
             self.store.put(f"published/{batch_id:020d}", b"")
             return
         for n, sink in enumerate(self.pipeline.all_sinks()):
@@ -211,7 +240,9 @@ class BatchRunner:
                 )
             else:
                 store = open_store(sink.url, self.settings)
-                parquet_sink.publish_parquet(store, batch_id, staged)
+                ends = snapshot_from_json(manifest.metadata.get("offsets", {}))
+                flat = {partition_name(*tp): n for tp, n in ends.items()}
+                parquet_sink.publish_parquet(store, batch_id, staged, flat)
             if n == 0:
                 crash_if(crash_at, "during_publish", f"pipeline {self.name!r} batch {batch_id}")
         self.store.put(f"published/{batch_id:020d}", b"")
@@ -286,9 +317,14 @@ class BatchRunner:
         crash_at: str | None,
         pending: pa.Table | None,
     ) -> Any:
+        """The envelope rows of stage 1, persisted (read once, used by the statistics and by
+        stage 2). With nothing to read — no range, no pending element — an empty frame and
+        no Spark job at all; stage 2 still runs every instance (timers fire)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
+        if not _has_input(plan, pending):
+            return self.spark.createDataFrame([], envelope_type)
         bootstrap = self.settings.kafka_bootstrap_servers
         fused = StageOne(self.pipeline, parallelism, watermark, crash_at, bootstrap)
         descriptors = range_descriptors(self.spark, plan.ranges)
@@ -300,7 +336,7 @@ class BatchRunner:
             again = StageOne(self.pipeline, parallelism, watermark, crash_at)
             rows = self.spark.createDataFrame(pending.to_pandas())
             envelopes = envelopes.unionByName(rows.mapInArrow(again, envelope_type))
-        return envelopes
+        return envelopes.persist()
 
     def load_pending(self, base: Manifest | None) -> pa.Table | None:
         """Enrichment inputs the last batch left unfinished, as Kafka-shaped rows."""
@@ -400,12 +436,28 @@ class BatchRunner:
             recovered = base.checkpoint_id
         t = lap("recover", t0)
 
+        # Step 1b: a backfill past the pipeline's position rewinds to the interval's start.
+        rewind = None
+        if options.backfill and options.interval_start_ms is not None:
+            target = find_rewind_target(
+                self.name, base, options.interval_start_ms, self._load_if_retained
+            )
+            if target is not None:
+                assert base is not None  # a target exists only behind a checkpoint
+                rewind = {"to_checkpoint": target.checkpoint_id,
+                          "undone": [target.undone_from, base.checkpoint_id]}  # fmt: skip
+                if not options.dry_run:
+                    base = self.rewind(base, target, options.accept_kafka_repeats)
+                    rewind["checkpoint"] = base.checkpoint_id
+            t = lap("rewind", t)
+
         # Step 2: plan (or replay the stored plan).
         plan, spec, replayed = self.plan(base, options)
         batch_id, parallelism = plan.batch_id, spec["parallelism"]
         where = f"pipeline {self.name!r} batch {batch_id}"
         result = BatchResult(self.name, batch_id, parallelism, "dry_run", replayed)
         result.recovered_publish = recovered
+        result.rewind = rewind
         result.ranges = [
             {"topic": r.topic, "partition": r.partition, "from": r.start, "until": r.end}
             for r in plan.ranges
@@ -417,14 +469,14 @@ class BatchRunner:
             result.seconds = seconds
             return result
 
-        # Step 3: execute.
+        # Step 3: execute. Spark starts here if it has not yet (a dry run never starts it).
+        _ = self.spark
+        t = lap("spark", t)
         wm_state = WatermarkState.from_json((base.metadata if base else {}).get("event_time"))
         pending_in = self.load_pending(base)
-        envelopes = self.stage_one(
-            plan, parallelism, wm_state.watermark, crash_at, pending_in
-        ).persist()
+        envelopes = self.stage_one(plan, parallelism, wm_state.watermark, crash_at, pending_in)
         try:
-            stats = _stage_one_stats(envelopes)
+            stats = _stage_one_stats(envelopes if _has_input(plan, pending_in) else None)
             pending_out = self.save_pending(envelopes, batch_id) if stats["pending"] else None
             t = lap("read", t)
             if self.pipeline.event_time is not None:
@@ -480,6 +532,10 @@ class BatchRunner:
                 "parallelism": parallelism,
                 "processing_time_ms": plan.created_at,
                 "until_timestamp_ms": plan.until_timestamp_ms,
+                "interval_start_ms": options.interval_start_ms,
+                "ends_exactly": plan.reaches_until is True,
+                "base_checkpoint": None if base is None else base.checkpoint_id,
+                **({} if base else {"from_offsets": snapshot_to_json(plan.start_offsets)}),
                 "run_id": spec.get("run_id"),
                 "replayed": replayed,
             },
@@ -497,6 +553,8 @@ class BatchRunner:
                 "enrich_reissued": 0 if pending_in is None else pending_in.num_rows,
                 "per_partition": stats["per_partition"],
                 "skipped": snapshot_to_json(plan.skipped),
+                # Driver-side phases up to the commit (publish and GC come after it).
+                "seconds": {**seconds, "to_commit": round(time.perf_counter() - t0, 3)},
                 "instances": [
                     {"instance": r["instance"], **r["stats"], "seconds": r["seconds"]}
                     for r in results
@@ -543,7 +601,7 @@ class BatchRunner:
         log.info("%s committed: %s", where, json.dumps(result.to_json()))
         return result
 
-    # Replay ---------------------------------------------------------------------------
+    # Replay and rewind ----------------------------------------------------------------
     def replay_from(
         self, checkpoint_id: int, *, run_id: str | None = None, accept_kafka_repeats: bool = False
     ) -> Manifest:
@@ -551,16 +609,11 @@ class BatchRunner:
 
         Commits a new checkpoint that is a copy of it (state, offsets, watermark, pending
         enrichment), so the next batches read again every record after it. Parquet output
-        of the undone batches is hidden (their batches write it again); Kafka output cannot
-        be taken back, so pipelines with Kafka sinks need ``accept_kafka_repeats``."""
-        kafka = [s.name for s in self.pipeline.all_sinks() if isinstance(s, KafkaSink)]
-        if kafka and not accept_kafka_repeats:
-            raise ConfigError(
-                f"pipeline {self.name!r}: replaying from checkpoint {checkpoint_id} will "
-                f"publish the outputs of the undone batches again to Kafka sinks {kafka} "
-                "(Kafka records cannot be retracted). Pass --accept-kafka-repeats if "
-                "consumers of those topics deduplicate (e.g. by key)."
-            )
+        of the undone batches is replaced when those records are processed again; Kafka
+        output cannot be taken back, so pipelines with Kafka sinks need
+        ``accept_kafka_repeats``."""
+        what = f"replaying from checkpoint {checkpoint_id}"
+        self.refuse_kafka_repeats(what, accept_kafka_repeats)
         owner = run_id or f"replay-{uuid.uuid4().hex[:12]}"
         with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
             latest = latest_manifest(self.store, self.layout)
@@ -573,22 +626,101 @@ class BatchRunner:
                     f"pipeline {self.name!r}: checkpoint {checkpoint_id} is the latest; "
                     "there is nothing to replay"
                 )
-            metadata = {
-                k: v for k, v in source.metadata.items() if k not in ("sinks", "stats", "batch")
-            }
-            metadata["replayed_from"] = {
-                "checkpoint_id": checkpoint_id,
-                "undone": [checkpoint_id + 1, latest.checkpoint_id],
-            }
-            manifest = dataclasses.replace(
-                source,
-                checkpoint_id=latest.checkpoint_id + 1,
-                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-                metadata=metadata,
+            target = RewindTarget(source, source.metadata.get("offsets", {}), checkpoint_id + 1)
+            return self.rewind(latest, target, accept_kafka_repeats)
+
+    def rewind(
+        self, latest: Manifest, target: RewindTarget, accept_kafka_repeats: bool
+    ) -> Manifest:
+        """Commit and publish a copy of ``target`` as the newest checkpoint (under the
+        caller's lease); the batches after it read their records again."""
+        what = "rewinding to " + (
+            "before the first batch"
+            if target.manifest is None
+            else f"checkpoint {target.checkpoint_id}"
+        )
+        self.refuse_kafka_repeats(what, accept_kafka_repeats)
+        where = f"pipeline {self.name!r}: {what}"
+        if target.manifest is not None and target.manifest.max_parallelism != (
+            self.pipeline.max_parallelism
+        ):
+            raise ConfigError(
+                f"{where}: that checkpoint has max_parallelism "
+                f"{target.manifest.max_parallelism}, the pipeline now "
+                f"{self.pipeline.max_parallelism} (a reshard happened since). Processing "
+                "cannot go back across a reshard."
             )
-            commit_manifest(self.store, self.layout, manifest)
-            self.publish(manifest)
+        self.check_source_retained(where, target)
+        metadata: dict[str, Any]
+        if target.manifest is None:
+            metadata = {"offsets": dict(target.offsets), "batch": {
+                "until_timestamp_ms": target.at_ms,
+                "base_checkpoint": None}}  # fmt: skip
+            source = Manifest(
+                checkpoint_id=latest.checkpoint_id + 1,
+                pipeline_fingerprint=self.pipeline.fingerprint(),
+                max_parallelism=self.pipeline.max_parallelism,
+                parallelism=self.pipeline.parallelism,
+                key_groups=(None,) * self.pipeline.max_parallelism,
+                full_checkpoint_id=latest.checkpoint_id + 1,
+                created_at="",
+            )
+        else:
+            source = target.manifest
+            # The batch record stays: the copy stands for its source in the lineage.
+            metadata = {k: v for k, v in source.metadata.items() if k not in ("sinks", "stats")}
+        metadata["replayed_from"] = {
+            "checkpoint_id": target.checkpoint_id,
+            "undone": [target.undone_from, latest.checkpoint_id],
+        }
+        manifest = dataclasses.replace(
+            source,
+            checkpoint_id=latest.checkpoint_id + 1,
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            metadata=metadata,
+        )
+        commit_manifest(self.store, self.layout, manifest)
+        self.publish(manifest)
+        log.info("%s: committed checkpoint %s", where, manifest.checkpoint_id)
         return manifest
+
+    def refuse_kafka_repeats(self, what: str, accept_kafka_repeats: bool) -> None:
+        kafka = [s.name for s in self.pipeline.all_sinks() if isinstance(s, KafkaSink)]
+        if kafka and not accept_kafka_repeats:
+            raise ConfigError(
+                f"pipeline {self.name!r}: {what} will publish the outputs of the undone "
+                f"batches again to Kafka sinks {kafka} (Kafka records cannot be retracted). "
+                "Pass --accept-kafka-repeats (Airflow: kafka_repeats_on_backfill=True) if "
+                "consumers of those topics deduplicate (e.g. by key)."
+            )
+
+    def check_source_retained(self, where: str, target: RewindTarget) -> None:
+        """Refuse a rewind whose records Kafka no longer has (retention or compaction
+        deleted them): the reprocessed intervals would silently miss them."""
+        offsets = snapshot_from_json(target.offsets)
+        if not offsets:
+            return
+        with KafkaBrokerView(self.settings.kafka_bootstrap_servers) as view:
+            earliest = view.beginning_offsets(list(offsets))
+        gone = {tp: (n, earliest[tp]) for tp, n in offsets.items() if earliest.get(tp, 0) > n}
+        if gone:
+            listed = ", ".join(
+                f"{tp.topic}[{tp.partition}] needs offset {n}, earliest kept is {first}"
+                for tp, (n, first) in sorted(gone.items())
+            )
+            raise ConfigError(
+                f"{where}: Kafka no longer has the records to reprocess ({listed}); the "
+                "topic's retention deleted them. Backfill only intervals whose records are "
+                "still in Kafka."
+            )
+
+    def _load_if_retained(self, checkpoint_id: int) -> Manifest | None:
+        if checkpoint_id < 0:
+            return None
+        try:
+            return load_manifest(self.store, self.layout, checkpoint_id)
+        except CheckpointError:
+            return None
 
     # Step 6 -------------------------------------------------------------------------
     def gc(self) -> None:
@@ -644,18 +776,27 @@ def _ticks(parallelism: int) -> Any:
     return pa.Table.from_pydict(cols, schema=ENVELOPE_SCHEMA).to_pandas()
 
 
+def _has_input(plan: BatchPlan, pending: pa.Table | None) -> bool:
+    """Does stage 1 have anything to read? (``plan.ranges`` holds only non-empty ranges.)"""
+    return bool(plan.ranges) or (pending is not None and pending.num_rows > 0)
+
+
 def _stage_one_stats(envelopes: Any) -> dict[str, Any]:
+    """Counts per kind and partition and max event time per partition; all zeros, with
+    no Spark job, for ``None`` (stage 1 had nothing to read)."""
     from pyspark.sql import functions as F
 
-    rows = (
-        envelopes.groupBy("kind", "topic", "partition")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.max("event_ts").alias("max_event"),
-            F.sum("offset").alias("offset_sum"),
+    rows = []
+    if envelopes is not None:
+        rows = (
+            envelopes.groupBy("kind", "topic", "partition")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.max("event_ts").alias("max_event"),
+                F.sum("offset").alias("offset_sum"),
+            )
+            .collect()
         )
-        .collect()
-    )
     out: dict[str, Any] = {
         "inputs": 0,
         "records": 0,

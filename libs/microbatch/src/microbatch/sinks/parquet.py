@@ -3,20 +3,32 @@
 Layout under the sink's URL::
 
     batch=<id:020d>/part-<instance:05d>.parquet   written by instance <instance> of batch <id>
-    _commits/<id:020d>.json                         {"batch", "files", "rows"}: the batch is visible
+    _commits/<id:020d>.json                         the batch is visible (see below)
 
 An instance writes its file *before* the pipeline's checkpoint commits (staging); the
 ``_commits`` entry is created after (publishing). A reader that follows ``_commits``
 (:func:`read_parquet_sink`) therefore never sees a partial or uncommitted batch. A rerun
 of a batch replays the same plan at the same parallelism, so it rewrites byte-identical
 files at the same paths; creating the commit entry is idempotent.
+
+Replays and backfills. A rewind to an older checkpoint (``microbatch replay``, an Airflow
+backfill) publishes an entry that lists the batches it *undoes* (``"undoes"``); their
+output stays visible, because nothing has replaced it yet. Each later batch records its
+end offsets, and its entry *supersedes* every undone batch whose input it has now read
+again (``end offsets of the undone batch <= its own``, on every partition). Hiding the old
+output and showing the new one is one object creation: when old and new batches cover the
+same intervals, a reader sees each interval once, old or new. An old batch spanning several
+new ones stays until the last of them, its rows next to the first recomputed ones (rather
+than leaving a gap).
+
+Entry body: ``{"batch", "files", "rows", "end_offsets", "supersedes", "undoes"}``.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -72,15 +84,69 @@ def is_published(store: ObjectStore, batch_id: int) -> bool:
     return store.exists(commit_key(batch_id))
 
 
-def publish_parquet(store: ObjectStore, batch_id: int, staged: Sequence[dict[str, Any]]) -> bool:
-    """Make batch ``batch_id`` visible; False if it already was (a rerun after a crash)."""
+def publish_parquet(
+    store: ObjectStore,
+    batch_id: int,
+    staged: Sequence[dict[str, Any]],
+    end_offsets: Mapping[str, int] | None = None,
+) -> bool:
+    """Make batch ``batch_id`` visible, replacing the undone batches whose input it has
+    read again; False if it already was visible (a rerun after a crash).
+
+    ``end_offsets`` maps ``"topic:partition"`` to the offset after the batch's input."""
+    if is_published(store, batch_id):
+        return False
+    ends = dict(end_offsets or {})
     files = sorted(s["file"] for s in staged)
-    body = {"batch": batch_id, "files": files, "rows": sum(s["rows"] for s in staged)}
+    body = {
+        "batch": batch_id,
+        "files": files,
+        "rows": sum(s["rows"] for s in staged),
+        "end_offsets": ends,
+        "supersedes": [b for b, e in _awaiting_replacement(store).items() if _covers(ends, e)],
+    }
+    return _create_entry(store, batch_id, body)
+
+
+def publish_rewind(store: ObjectStore, batch_id: int, undone: Sequence[int]) -> bool:
+    """Record that checkpoint ``batch_id`` rewinds the pipeline and undoes ``undone``:
+    their output stays visible until later batches supersede it."""
+    body = {"batch": batch_id, "files": [], "rows": 0, "undoes": sorted(undone)}
+    return _create_entry(store, batch_id, body)
+
+
+def _create_entry(store: ObjectStore, batch_id: int, body: dict[str, Any]) -> bool:
     try:
         store.create(commit_key(batch_id), json.dumps(body, sort_keys=True).encode())
     except AlreadyExistsError:
         return False
     return True
+
+
+def _covers(ends: Mapping[str, int], undone_ends: Mapping[str, int] | None) -> bool:
+    """Has a batch ending at ``ends`` read again all the input of an undone batch?"""
+    if undone_ends is None:
+        return False
+    return all(ends.get(tp, -1) >= end for tp, end in undone_ends.items())
+
+
+def commit_entries(store: ObjectStore) -> dict[int, dict[str, Any]]:
+    """Every commit entry, by batch id."""
+    return {b: json.loads(store.get(commit_key(b))) for b in committed_batches(store)}
+
+
+def _awaiting_replacement(store: ObjectStore) -> dict[int, dict[str, int] | None]:
+    """Undone batches whose output is still visible, and their end offsets."""
+    entries = commit_entries(store)
+    undone = {b for e in entries.values() for b in e.get("undoes", ())}
+    visible = set(visible_batches(entries))
+    return {b: entries[b].get("end_offsets") for b in sorted(undone & visible)}
+
+
+def visible_batches(entries: Mapping[int, Mapping[str, Any]]) -> list[int]:
+    """Batches whose output a reader sees: with files and not superseded."""
+    superseded = {b for e in entries.values() for b in e.get("supersedes", ())}
+    return [b for b in sorted(entries) if b not in superseded and entries[b]["files"]]
 
 
 def committed_batches(store: ObjectStore) -> list[int]:
@@ -92,22 +158,14 @@ def committed_batches(store: ObjectStore) -> list[int]:
     return sorted(ids)
 
 
-def unpublish_after(store: ObjectStore, batch_id: int) -> list[int]:
-    """Hide every batch after ``batch_id`` (replays from an older checkpoint); their files
-    are rewritten when those batches run again."""
-    hidden = [b for b in committed_batches(store) if b > batch_id]
-    for b in reversed(hidden):
-        store.delete(commit_key(b))
-    return hidden
-
-
 def read_parquet_sink(url: str, settings: Settings | None = None) -> pa.Table:
-    """Every row of every committed batch, in batch then instance order."""
+    """Every row of every visible batch (committed, not superseded), in batch then
+    instance order."""
     store = open_store(url, settings)
     tables = []
-    for batch in committed_batches(store):
-        body = json.loads(store.get(commit_key(batch)))
-        for key in body["files"]:
+    entries = commit_entries(store)
+    for batch in visible_batches(entries):
+        for key in entries[batch]["files"]:
             try:
                 data = store.get(key)
             except ObjectNotFoundError:

@@ -1,0 +1,26 @@
+"""The pipeline ``bench_spark_modes.py`` runs: the example's sessionization without enrichment.
+
+Clicks from Kafka → keyed by user → sessions closed by event-time timers → Parquet and a
+Kafka topic, malformed clicks to a dead-letter topic: the clickstream pipeline
+(``microbatch.examples.clickstream``) minus its HTTP profile lookup, whose latency would
+otherwise hide the engine's own per-batch cost. Configured like the example, by
+``MICROBATCH_CLICKSTREAM_*`` variables (topic, sinks' topics, root).
+
+    spark-submit bench/spark_modes_job.py [--parallelism 2] [--run-id ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from microbatch.examples.clickstream import ClickstreamConfig, clickstream_pipeline
+from microbatch.settings import Settings
+
+config = ClickstreamConfig.from_env(Settings.from_env().s3_bucket)
+pipeline = dataclasses.replace(clickstream_pipeline(config), name="bench-sessions", enrich=None)
+
+if __name__ == "__main__":
+    from microbatch.cli import main
+
+    sys.exit(main(["run", f"{__file__}:pipeline", *sys.argv[1:]]))
