@@ -9,7 +9,6 @@ module              what
 ``operators``       run a Spark job; run one batch; skip a batch with nothing to do
 ``triggers``        ``NewDataTrigger``: the deferrable "anything new?" check
 ``freshness``       the rules of that check (pure) and its one I/O call
-``jobrun``          run a batch job, stream its log, return its result or its error
 ``assets``          the pipeline's asset and the ``extra`` of its events
 ``ui``              the Microbatch page (FastAPI, login enforced)
 ``plugin``          the ``AirflowPlugin`` registering the page and its nav link

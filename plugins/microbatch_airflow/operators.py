@@ -142,15 +142,15 @@ class MicrobatchBatchOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowException
 
+        from microbatch.runner import run_job
         from microbatch_airflow.assets import asset_event_extra
-        from microbatch_airflow.jobrun import run_batch_job
 
         settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id)
         _mask(settings)
         self.log.info("microbatch settings: %s", settings.redacted())
         args, dry_run = self.batch_args(context)
         try:
-            result = run_batch_job(self.job, args, settings, env=self.env, echo=self.log.info)
+            result = run_job(self.job, args, settings, self.log.info, env=self.env)
         except MicrobatchError as exc:
             raise AirflowException(str(exc)) from None
         self.log.info(

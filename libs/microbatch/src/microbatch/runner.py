@@ -11,7 +11,7 @@ import json
 import logging
 import subprocess
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,14 @@ from microbatch.settings import Settings
 from microbatch.submit import spark_submit_command
 
 RESULT_PREFIX = "MICROBATCH_RESULT "
+ERROR_PREFIX = "microbatch run: "  # the line the CLI prints when a batch fails
+MAX_ERROR_CHARS = 2000
 log = logging.getLogger(__name__)
 
 
 class JobFailedError(MicrobatchError):
-    """spark-submit exited non-zero; the message carries the job's last error lines."""
+    """The job exited non-zero; the message is the batch's own error text when it printed
+    one (``microbatch run: ...``), else the job's last error lines."""
 
 
 def run_job(
@@ -32,28 +35,42 @@ def run_job(
     job_args: Sequence[str] = (),
     settings: Settings | None = None,
     echo: Callable[[str], None] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """Run ``job`` and return its (last) ``MICROBATCH_RESULT``; every other line goes to
+    ``echo``. ``env`` is extra environment for the job (``MICROBATCH_<PIPELINE>_*``)."""
     settings = settings or Settings.from_env()
     echo = echo or log.info
-    argv, env = spark_submit_command(settings, job, job_args)
-    echo("running: " + " ".join(argv))
+    argv, job_env = spark_submit_command(settings, job, job_args)
+    job_env.update(env or {})
+    echo("running: " + " ".join(argv))  # argv never holds secrets: they travel in job_env
     result: dict[str, Any] | None = None
+    error: list[str] = []
     recent: deque[str] = deque(maxlen=20)
     with subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        argv, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
             if line.startswith(RESULT_PREFIX):
                 result = json.loads(line[len(RESULT_PREFIX) :])
                 continue
+            if line.startswith(ERROR_PREFIX):
+                error = [line[len(ERROR_PREFIX) :]]
+            elif error:
+                error.append(line)  # a multi-line message (a Spark task error)
             recent.append(line)
             echo(line)
+    name = Path(job).name
     if proc.returncode != 0:
+        if error:
+            detail = "\n".join(error).strip()
+            raise JobFailedError(f"{name} exited {proc.returncode}: {detail[:MAX_ERROR_CHARS]}")
         errors = [ln for ln in recent if "error" in ln.lower() or "failed" in ln.lower()]
         detail = "\n".join(errors[-5:] or list(recent)[-5:])
-        raise JobFailedError(f"Spark job {Path(job).name} exited {proc.returncode}:\n{detail}")
+        raise JobFailedError(f"Spark job {name} exited {proc.returncode}:\n{detail}")
     if result is None:
-        raise JobFailedError(f"Spark job {Path(job).name} finished without a result line")
+        raise JobFailedError(f"Spark job {name} finished without a MICROBATCH_RESULT line")
     return result

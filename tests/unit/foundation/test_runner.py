@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from microbatch import Settings
-from microbatch_airflow.jobrun import BatchFailedError, run_batch_job
+from microbatch.runner import JobFailedError, run_job
 
 SETTINGS = Settings.from_env(env={}, spark_master="sc://127.0.0.1:1")
 
@@ -36,7 +36,7 @@ def test_result_line_is_parsed_and_other_lines_are_echoed(tmp_path):
 
     env = {"MICROBATCH_CLICKSTREAM_TOPIC": "clicks-x"}
 
-    result = run_batch_job(script, ["--dry-run"], SETTINGS, env=env, echo=lines.append)
+    result = run_job(script, ["--dry-run"], SETTINGS, lines.append, env=env)
 
     assert result == {"batch_id": 3, "args": ["--dry-run"], "who": "clicks-x"}
     assert "planning" in lines
@@ -55,8 +55,8 @@ def test_failure_carries_the_batch_message_not_the_log_noise(tmp_path):
         """,
     )
 
-    with pytest.raises(BatchFailedError) as info:
-        run_batch_job(script, [], SETTINGS, echo=lambda _: None)
+    with pytest.raises(JobFailedError) as info:
+        run_job(script, [], SETTINGS, lambda _: None)
 
     assert str(info.value) == (
         "job.py exited 1: pipeline 'clicks' batch 4: 9 of 10 records went to the dead\n"
@@ -65,5 +65,5 @@ def test_failure_carries_the_batch_message_not_the_log_noise(tmp_path):
 
 
 def test_a_job_without_a_result_line_fails(tmp_path):
-    with pytest.raises(BatchFailedError, match="without a MICROBATCH_RESULT"):
-        run_batch_job(job(tmp_path, "print('hi')\n"), [], SETTINGS, echo=lambda _: None)
+    with pytest.raises(JobFailedError, match="without a MICROBATCH_RESULT"):
+        run_job(job(tmp_path, "print('hi')\n"), [], SETTINGS, lambda _: None)
