@@ -2,15 +2,21 @@
 
 Produces ``--records`` JSON events ``{"user_id": "user-<n % 10000>", "page": ..., "ts": ...}``
 (~120 bytes each) into a fresh 4-partition topic, then on ONE SparkSession (``local[2]``,
-built with the Kafka connector jars, ``spark.sql.shuffle.partitions`` = the pipeline's
-parallelism, 2) measures, each consuming the whole topic in one batch:
+built by ``microbatch.spark.spark_session`` with Spark's Kafka connector jars — resolved
+with mvn by ``microbatch.localstack.spark_kafka``, as ``make jars`` does —
+``spark.sql.shuffle.partitions`` = the pipeline's parallelism, 2) measures, each consuming
+the whole topic in one batch:
 
-- **microbatch**: ``Pipeline(KafkaSource, Enrichment(zero-latency async pass-through,
-  unordered, capacity 1000), key_by="user_id", a KeyedProcessFunction counting per user in
-  value state and emitting {"user_id", "count"} per user, ParquetSink)``, parallelism 2,
-  max_parallelism 128, checkpoints and sink in temporary folders; one ``BatchRunner.run``;
-- **Structured Streaming** (the reference): the Kafka source (``spark-sql-kafka-0-10``,
-  resolved with mvn from ``bench/spark-kafka-pom.xml`` into ``.local/spark-kafka-jars``),
+- **microbatch**: ``Pipeline(KafkaSource(reader="spark"), Enrichment(zero-latency async
+  pass-through, unordered, capacity 1000), key_by="user_id", a KeyedProcessFunction
+  counting per user in value state and emitting {"user_id", "count"} per user,
+  ParquetSink)``, parallelism 2, max_parallelism 128, checkpoints and sink in temporary
+  folders; one ``BatchRunner.run``. Stage 1 reads the planned offset ranges with Spark's
+  JVM Kafka source (the same connector as the reference), then decodes, enriches and keys
+  in Python;
+- **microbatch, kafka-python reader** (extra row, not the target): the same pipeline with
+  ``KafkaSource(reader="python")``, kafka-python reading inside the stage-1 tasks;
+- **Structured Streaming** (the reference): the Kafka source (``spark-sql-kafka-0-10``),
   ``from_json``, ``groupBy("user_id").applyInPandasWithState`` (state = the count, output
   mode update), ``Trigger.AvailableNow``, ``foreachBatch`` appending Parquet, checkpoint
   in a temporary folder; timed from ``start()`` to ``awaitTermination()``. Its stateful
@@ -18,12 +24,13 @@ parallelism, 2) measures, each consuming the whole topic in one batch:
   instances (with the library's default of 8 it is ~1.5x slower on 2 cores);
 - the wall time of an **empty microbatch batch** (the pipeline again, nothing new to read).
 
-records/s = records / wall time of the batch (the session start is shared and excluded).
-Both engines first run once, untimed, over a small warm-up topic (``--warmup``), so neither
-pays the JVM's and the Python workers' one-time start-up inside its measurement;
-``--repeat N`` alternates the engines N times (fresh checkpoints each time) and keeps each
-one's best run. Every run is printed with the machine's load average, since a busy
-machine skews one engine's measurement more than the other's. Target:
+records/s = records / wall time of the batch (the session start is shared and excluded);
+CPU-s = CPU time of this process, the Spark JVM and its Python workers during the run (the
+Kafka broker's excluded). Both engines first run once, untimed, over a small warm-up topic
+(``--warmup``), so neither pays the JVM's and the Python workers' one-time start-up inside
+its measurement; ``--repeat N`` rotates the engines N times (fresh checkpoints each time)
+and keeps each one's best run. Every run is printed with the machine's load average, since
+a busy machine skews one engine's measurement more than the other's. Target:
 microbatch / Structured Streaming ≥ 1.0. The final count of every user must be equal in
 both outputs and sum to ``--records``; the table says whether they match.
 
@@ -31,16 +38,15 @@ Uses the broker at ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set (e.g. ``make st
 else starts a Kafka broker on free loopback ports and stops it at the end.
 
     .venv/bin/python bench/bench_pipeline.py [--records 1000000 | --quick] [--repeat 1]
+        [--no-python-reader]
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +63,7 @@ from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.enrich import AsyncOperator, NoRetry
 from microbatch.localstack import KafkaBroker
 from microbatch.localstack.process import free_port_block
+from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
 from microbatch.runtime import (
     BatchOptions,
     BatchResult,
@@ -74,8 +81,6 @@ from microbatch.spark import spark_session
 from microbatch.storage import open_store
 
 REPO = Path(__file__).resolve().parents[1]
-POM = REPO / "bench" / "spark-kafka-pom.xml"
-JARS = REPO / ".local" / "spark-kafka-jars"
 PARTITIONS = 4
 USERS = 10_000
 PARALLELISM = 2  # microbatch operator instances = Structured Streaming shuffle partitions
@@ -117,10 +122,10 @@ def make_operator() -> AsyncOperator:
     )
 
 
-def make_pipeline(name: str, topic: str, root: Path) -> Pipeline:
+def make_pipeline(name: str, topic: str, root: Path, reader: str = "spark") -> Pipeline:
     return Pipeline(
         name=name,
-        source=KafkaSource(topics=(topic,), starting="earliest"),
+        source=KafkaSource(topics=(topic,), starting="earliest", reader=reader),  # type: ignore[arg-type]
         enrich=Enrichment(make_operator),
         key_by="user_id",
         process=CountPerUser(),
@@ -186,47 +191,7 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, root: Path)
     return elapsed
 
 
-# Set-up: jars, topic, data ---------------------------------------------------------------
-
-
-def spark_kafka_jars() -> list[str]:
-    """The connector's classpath (minus what pyspark ships), resolved once with mvn."""
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
-    done = JARS / ".complete"
-    if not (done.exists() and done.read_text() == digest):
-        mvn = shutil.which("mvn")
-        if not mvn:
-            raise SystemExit("mvn is not on PATH; it resolves the Spark Kafka connector jars.")
-        shutil.rmtree(JARS, ignore_errors=True)
-        JARS.mkdir(parents=True)
-        log(f"resolving {POM.name} from Maven Central into {JARS} ...")
-        cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={JARS}"]  # fmt: skip
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if result.returncode != 0 or not any(JARS.glob("spark-sql-kafka-0-10_*.jar")):
-            raise SystemExit(
-                f"mvn could not resolve {POM}:\n{(result.stdout + result.stderr)[-3000:]}"
-            )
-        done.write_text(digest)
-    import pyspark
-
-    shipped = {_artifact(p.name) for p in Path(pyspark.__file__).parent.joinpath("jars").iterdir()}
-    jars = []
-    for jar in sorted(JARS.glob("*.jar")):
-        if _artifact(jar.name) in shipped:  # never two versions of one library
-            log(f"  skipping {jar.name}: pyspark ships its own")
-        else:
-            jars.append(str(jar))
-    return jars
-
-
-def _artifact(jar_name: str) -> str:
-    """``kafka-clients-3.9.2.jar`` → ``kafka-clients``."""
-    stem = jar_name.removesuffix(".jar")
-    parts = stem.split("-")
-    while len(parts) > 1 and parts[-1][:1].isdigit():
-        parts.pop()
-    return "-".join(parts)
+# Set-up: topic, data; CPU accounting --------------------------------------------------------
 
 
 def event(n: int) -> bytes:
@@ -273,8 +238,41 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
 
 def run_microbatch(spark: Any, settings: Settings, pipeline: Pipeline) -> tuple[float, BatchResult]:
     started = time.perf_counter()
-    result = BatchRunner(spark, pipeline, settings).run(BatchOptions(run_id="bench"))
+    runner = BatchRunner(spark, pipeline, settings)
+    result = runner.run(BatchOptions(run_id="bench"))
+    wanted = pipeline.source.reader
+    if result.records_in and runner.stage_one_reader != wanted:
+        raise SystemExit(f"stage 1 read with {runner.stage_one_reader!r}, not {wanted!r}")
     return time.perf_counter() - started, result
+
+
+def _cpu_ticks(pid: int) -> tuple[int, int]:
+    """(parent pid, utime + stime + cutime + cstime) of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), sum(int(x) for x in fields[11:15])
+
+
+def spark_cpu_seconds(spark: Any) -> float:
+    """CPU seconds so far of this process, the Spark JVM and every live process under it
+    (Python workers; reaped ones are in their parent's children times). Not the broker."""
+    jvm = spark.sparkContext._gateway.proc.pid
+    ticks: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ticks[int(entry)] = _cpu_ticks(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {jvm}, [jvm]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in ticks.items() if ppid == parent]
+        tree.update(children)
+        frontier += children
+    total = sum(ticks[pid][1] for pid in tree if pid in ticks)
+    own = os.times()
+    return total / os.sysconf("SC_CLK_TCK") + own.user + own.system
 
 
 def final_counts(table: pa.Table) -> dict[str, int]:
@@ -300,6 +298,10 @@ def compare(mb: dict[str, int], ss: dict[str, int], records: int) -> tuple[bool,
     return True, f"{users:,} users, counts sum to {records:,} in both"
 
 
+#: (wall seconds, CPU seconds, load average at the start) of one measured run.
+Run = tuple[float, float, str]
+
+
 def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cpus"
 
@@ -313,26 +315,32 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     if args.warmup:
         produce(bootstrap, warm_topic, args.warmup)
 
-    jars = spark_kafka_jars()
-    log(f"starting Spark local[2] with {', '.join(Path(j).name for j in jars)}")
-    conf = {"spark.jars": ",".join(jars), "spark.sql.shuffle.partitions": str(PARALLELISM)}
+    jars = ensure_spark_kafka_jars(settings.home_path)  # spark_session puts them on spark.jars
+    log(f"starting Spark local[2] with {', '.join(j.name for j in jars)}")
+    conf = {"spark.sql.shuffle.partitions": str(PARALLELISM)}
     spark = spark_session(settings, "bench-pipeline", conf=conf)
-    mb_runs: list[tuple[float, str]] = []
-    ss_runs: list[tuple[float, str]] = []
+    runs: dict[str, list[Run]] = {"spark": [], "python": [], "ss": []}
     empty: list[float] = []
     try:
         if args.warmup:
-            log(f"warm-up (untimed): both engines over {args.warmup:,} records ...")
-            run_microbatch(spark, settings, make_pipeline(f"warm-{tag}", warm_topic, work / "w-mb"))
+            log(f"warm-up (untimed): each engine over {args.warmup:,} records ...")
+            for reader in ("spark", "python") if args.python_reader else ("spark",):
+                warm = make_pipeline(
+                    f"warm-{reader}-{tag}", warm_topic, work / f"w-{reader}", reader
+                )
+                run_microbatch(spark, settings, warm)
             run_structured_streaming(spark, bootstrap, warm_topic, work / "w-ss")
 
-        def microbatch_run(i: int) -> None:
-            before = load()
-            log(f"[{i + 1}] microbatch: one batch over the whole topic ({before}) ...")
-            pipeline = make_pipeline(f"bench-{tag}-{i}", topic, work / f"mb{i}")
+        def microbatch_run(i: int, reader: str) -> None:
+            before, cpu = load(), spark_cpu_seconds(spark)
+            log(f"[{i + 1}] microbatch ({reader} reader): one batch over the topic ({before}) ...")
+            pipeline = make_pipeline(
+                f"bench-{reader}-{tag}-{i}", topic, work / f"{reader}{i}", reader
+            )
             seconds, result = run_microbatch(spark, settings, pipeline)
-            mb_runs.append((seconds, before))
-            log(f"  {seconds:.2f} s; phases {result.seconds}")
+            cpu = spark_cpu_seconds(spark) - cpu
+            runs[reader].append((seconds, cpu, before))
+            log(f"  {seconds:.2f} s, {cpu:.1f} CPU-s; phases {result.seconds}")
             if result.records_in != args.records:
                 raise SystemExit(f"microbatch read {result.records_in:,} of {args.records:,}")
             manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
@@ -341,7 +349,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
                     f"    instance {inst['instance']}: {inst.get('records', 0):,} records, "
                     f"{inst.get('keys', 0):,} keys, seconds {inst['seconds']}"
                 )
-            if i == 0:
+            if i == 0 and reader == "spark":
                 log("  empty batches of the same pipeline (nothing new to read) ...")
                 for _ in range(args.empty_runs):
                     seconds, empty_result = run_microbatch(spark, settings, pipeline)
@@ -351,45 +359,66 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
                     log(f"    {seconds:.2f} s; phases {empty_result.seconds}")
 
         def streaming_run(i: int) -> None:
-            before = load()
+            before, cpu = load(), spark_cpu_seconds(spark)
             log(f"[{i + 1}] Structured Streaming: AvailableNow over the whole topic ({before}) ...")
             seconds = run_structured_streaming(spark, bootstrap, topic, work / f"ss{i}")
-            ss_runs.append((seconds, before))
-            log(f"  {seconds:.2f} s")
+            cpu = spark_cpu_seconds(spark) - cpu
+            runs["ss"].append((seconds, cpu, before))
+            log(f"  {seconds:.2f} s, {cpu:.1f} CPU-s")
 
-        for i in range(args.repeat):  # alternate the order: load swings hit both alike
-            order = (
-                (microbatch_run, streaming_run) if i % 2 == 0 else (streaming_run, microbatch_run)
-            )
-            for measure in order:
-                measure(i)
+        measures: list[Any] = [
+            lambda i: microbatch_run(i, "spark"),
+            streaming_run,
+            *([lambda i: microbatch_run(i, "python")] if args.python_reader else []),
+        ]
+        for i in range(args.repeat):  # rotate the order: load swings hit every engine alike
+            for k in range(len(measures)):
+                measures[(i + k) % len(measures)](i)
 
-        mb_counts = final_counts(read_parquet_sink(str(work / "mb0" / "counts"), settings))
+        mb_counts = final_counts(read_parquet_sink(str(work / "spark0" / "counts"), settings))
         ss_counts = final_counts(pq.read_table(str(work / "ss0" / "counts")))
+        py_counts = (
+            final_counts(read_parquet_sink(str(work / "python0" / "counts"), settings))
+            if args.python_reader
+            else mb_counts
+        )
     finally:
         spark.stop()
 
     match, detail = compare(mb_counts, ss_counts, args.records)
-    mb_seconds, ss_seconds = min(s for s, _ in mb_runs), min(s for s, _ in ss_runs)
-    mb_rate, ss_rate = args.records / mb_seconds, args.records / ss_seconds
+    if py_counts != mb_counts:
+        match, detail = False, f"the kafka-python reader's counts differ; {detail}"
+    best = {name: min(xs) for name, xs in runs.items() if xs}
+    rate = {name: args.records / b[0] for name, b in best.items()}
 
-    def runs(xs: list[tuple[float, str]]) -> str:
-        return "; ".join(f"{s:.2f} s ({where} at start)" for s, where in xs)
+    def described(xs: list[Run]) -> str:
+        listed = "; ".join(f"{s:.2f} s, {cpu:.1f} CPU-s ({where} at start)" for s, cpu, where in xs)
+        return ("best of " if len(xs) > 1 else "") + listed
 
-    best = "best of " if args.repeat > 1 else ""
     rows = [
         (
-            f"microbatch (enrich + keyed count, P={PARALLELISM})",
-            f"{mb_rate:,.0f}/s",
-            best + runs(mb_runs),
+            f"microbatch (JVM Kafka reader, enrich + keyed count, P={PARALLELISM})",
+            f"{rate['spark']:,.0f}/s",
+            described(runs["spark"]),
         ),
         (
             "Structured Streaming (applyInPandasWithState)",
-            f"{ss_rate:,.0f}/s",
+            f"{rate['ss']:,.0f}/s",
             f"reference; {PARALLELISM} shuffle partitions; sink foreachBatch → Parquet; "
-            f"{best}{runs(ss_runs)}",
+            + described(runs["ss"]),
         ),
-        ("microbatch / Structured Streaming", f"{mb_rate / ss_rate:.2f}", "target ≥ 1.0"),
+        ("microbatch / Structured Streaming", f"{rate['spark'] / rate['ss']:.2f}", "target ≥ 1.0"),
+    ]
+    if args.python_reader:
+        rows += [
+            (
+                "microbatch, kafka-python reader",
+                f"{rate['python']:,.0f}/s",
+                f"{rate['python'] / rate['ss']:.2f} of Structured Streaming; "
+                + described(runs["python"]),
+            )
+        ]
+    rows += [
         (
             "empty microbatch batch",
             f"{statistics.median(empty):.2f} s",
@@ -409,6 +438,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20_000, help="records; 0: no warm-up")
     parser.add_argument("--empty-runs", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each engine; best counts")
+    parser.add_argument(
+        "--no-python-reader",
+        dest="python_reader",
+        action="store_false",
+        help="skip the extra row of microbatch with its kafka-python reader",
+    )
     args = parser.parse_args()
     if args.quick:
         args.records = 100_000

@@ -21,6 +21,6 @@ config = ClickstreamConfig.from_env(Settings.from_env().s3_bucket)
 pipeline = dataclasses.replace(clickstream_pipeline(config), name="bench-sessions", enrich=None)
 
 if __name__ == "__main__":
-    from microbatch.cli import main
+    from microbatch.cli import exit_now, main
 
-    sys.exit(main(["run", f"{__file__}:pipeline", *sys.argv[1:]]))
+    exit_now(main(["run", f"{__file__}:pipeline", *sys.argv[1:]]))

@@ -20,7 +20,7 @@ pipeline = clickstream_pipeline(ClickstreamConfig.from_env(Settings.from_env().s
 if __name__ == "__main__":
     import logging
 
-    from microbatch.cli import main
+    from microbatch.cli import exit_now, main
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    sys.exit(main(["run", f"{__file__}:pipeline", *sys.argv[1:]]))
+    exit_now(main(["run", f"{__file__}:pipeline", *sys.argv[1:]]))

@@ -6,6 +6,7 @@ and identical state — also when the rerun asks for another parallelism.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.checkpoint.restore import restore_instance
 from microbatch.demo import read_topic
 from microbatch.runtime import CRASH_POINTS, BatchOptions, BatchRunner
-from microbatch.sinks import read_parquet_sink
+from microbatch.sinks import last_published, read_parquet_sink
 from microbatch.storage import open_store
 from tests.integration.runtime.pipelines import click, count_pipeline
 from tests.integration.runtime.test_batches import clicks, new_topic, produce
@@ -92,3 +93,33 @@ def test_crash_then_rerun_equals_the_clean_run(
     assert got["kafka"] == clean["kafka"]
     assert got["dead"] == clean["dead"]
     assert got["state"] == clean["state"]
+
+
+def test_an_empty_batch_opens_no_transaction_and_the_next_batch_still_publishes_once(
+    spark, kafka_settings, bootstrap, admin, tmp_path
+) -> None:
+    """Empty batches skip the Kafka transaction, so the publish marker keeps naming the last
+    batch with messages; a crash while publishing the next one must still not double it."""
+    topic, out_topic = new_topic(admin, 2), new_topic(admin, 1)
+    pipe = count_pipeline(topic, str(tmp_path), out_topic=out_topic)
+    produce(bootstrap, topic, clicks(20))
+    BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id="full"))
+    empty = BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id="empty"))
+    assert empty.records_in == 0
+    assert last_published(bootstrap, "counts", "counts_topic", out_topic) == 0
+
+    produce(bootstrap, topic, clicks(10, seed=1))
+    with pytest.raises(Exception, match="injected crash"):
+        BatchRunner(spark, pipe, kafka_settings).run(
+            BatchOptions(run_id="next", crash_at="during_publish")
+        )
+    BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id="next"))
+    assert last_published(bootstrap, "counts", "counts_topic", out_topic) == 2
+
+    def by_content(rows: list[dict]) -> list[dict]:
+        return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+
+    published = by_content([json.loads(m.value) for m in read_topic(bootstrap, out_topic)])
+    expected = by_content(read_parquet_sink(str(tmp_path / "counts")).to_pylist())
+    assert published == expected, "read_committed output != the Parquet rows"
+    assert sum(r["clicks"] for r in published) == 30

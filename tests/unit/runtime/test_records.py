@@ -19,6 +19,7 @@ from microbatch.runtime import (
     Pipeline,
 )
 from microbatch.runtime.records import (
+    DeadLetterDetail,
     StageOne,
     decode_payload,
     encode_payload,
@@ -78,7 +79,9 @@ def test_each_row_becomes_one_record_or_one_dead_letter_with_its_reason() -> Non
     stats = [r for r in out.to_pylist() if r["kind"] == "stat"]
     assert [(s["topic"], s["partition"], s["offset"]) for s in stats] == [("t", 1, 8)]
     assert [r["offset"] for r in rows] == list(range(100, 108))
-    kinds = [(r["kind"], r["reason"]) for r in rows]
+    details = [DeadLetterDetail.from_payload(r["payload"]) for r in rows[1:]]
+    kinds = [("record", None)] + [("dead_letter", d.reason) for d in details]
+    assert [r["kind"] for r in rows] == [k for k, _ in kinds]
     assert kinds == [
         ("record", None),
         ("dead_letter", "undecodable"),
@@ -93,7 +96,9 @@ def test_each_row_becomes_one_record_or_one_dead_letter_with_its_reason() -> Non
     assert first["key_group"] == key_group("a", 16)
     assert first["instance"] == operator_index(first["key_group"], 16, 3)
     assert first["event_ts"] == 5000
-    assert rows[1]["raw_value"] == b"{broken"
+    assert details[0].raw_value == b"{broken"
+    assert details[0].raw_key is None and details[0].attempts is None
+    assert "Expecting property name" in details[0].error
 
 
 def test_event_times_are_epoch_ms_or_iso_8601() -> None:

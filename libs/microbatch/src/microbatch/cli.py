@@ -24,10 +24,11 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from microbatch.errors import ConfigError, MicrobatchError
 
@@ -366,5 +367,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """Exit a job process with ``code`` the way the interpreter would — wait for non-daemon
+    threads, run the ``atexit`` handlers, flush — but without tearing down every module
+    and object, which costs ~0.2 s once pyspark, pandas and boto3 are loaded: a fixed cost
+    of every scheduled batch. For job files' ``__main__`` only; never inside a caller's
+    process (it ends it)."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def console() -> NoReturn:
+    """The ``microbatch`` command."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

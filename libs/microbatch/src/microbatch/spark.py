@@ -72,11 +72,29 @@ def spark_session(
     if settings.spark_master.startswith("local"):
         # Keep the driver on loopback: this machine's other addresses may not route.
         local = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-    for key, value in {**DEFAULT_CONF, **local, **(conf or {})}.items():
+    merged = with_kafka_connector(settings, {**DEFAULT_CONF, **local, **(conf or {})})
+    for key, value in merged.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def with_kafka_connector(settings: Settings, conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` plus Spark's Kafka connector jars on ``spark.jars`` when ``make jars``
+    resolved them, for the masters whose driver this process starts (``local``, standalone
+    ``spark://``): stage 1 then reads Kafka with the JVM source (``KafkaSource(reader=
+    "auto")``). Kubernetes and YARN deployments ship jars their own way."""
+    out = dict(conf)
+    if not settings.spark_master.startswith(("local", "spark://")):
+        return out
+    from microbatch.localstack.spark_kafka import spark_kafka_jars
+
+    given = [jar for jar in out.get("spark.jars", "").split(",") if jar]
+    extra = [str(jar) for jar in spark_kafka_jars(settings.home_path) if str(jar) not in given]
+    if extra:
+        out["spark.jars"] = ",".join(given + extra)
+    return out
 
 
 def connect_session_id(master: str, app_name: str, day: dt.date, attempt: int = 0) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from microbatch.errors import ConfigError
 from microbatch.executables import find_executable
+from microbatch.localstack.spark_kafka import spark_kafka_jars
 from microbatch.settings import Settings
 
 
@@ -49,6 +50,11 @@ def spark_submit_command(
         argv = [spark_submit_binary(), "--master", settings.spark_master]
         if settings.spark_master.startswith("local"):
             argv += ["--conf", "spark.driver.host=127.0.0.1"]
+        jars = spark_kafka_jars(settings.home_path)
+        if jars and settings.spark_master.startswith(("local", "spark://")):
+            # Stage 1's JVM Kafka reader (``reader="auto"``): spark-submit has started the
+            # driver's JVM by the time the job builds its session, too late for spark.jars.
+            argv += ["--jars", ",".join(str(jar) for jar in jars)]
         for key, value in (conf or {}).items():
             argv += ["--conf", f"{key}={value}"]
         argv += [str(job), *job_args]

@@ -2,8 +2,9 @@
 
 A batch reads fixed offset ranges that were planned (and stored) before any work ran, so a
 rerun reads exactly the same records; the offsets of every partition go into the
-checkpoint manifest; a consumer group mirrors them for standard lag tools. See
-``docs/kafka-source.md``.
+checkpoint manifest; a consumer group mirrors them for standard lag tools. The ranges are
+read by kafka-python (``read_ranges``) or by Spark's own Kafka source in the JVM
+(``read_ranges_spark``), with the same records. See ``docs/kafka-source.md``.
 """
 
 from microbatch.kafka.assignment import java_string_hash, partitions_for_task, source_task
@@ -24,6 +25,7 @@ from microbatch.kafka.planner import (
     plan_batch,
 )
 from microbatch.kafka.reader import KAFKA_SCHEMA, KAFKA_SPARK_SCHEMA, read_range, read_ranges
+from microbatch.kafka.spark_source import read_ranges_spark
 
 __all__ = [
     "KAFKA_SCHEMA",
@@ -44,6 +46,7 @@ __all__ = [
     "plan_batch",
     "read_range",
     "read_ranges",
+    "read_ranges_spark",
     "snapshot_from_json",
     "snapshot_to_json",
     "source_task",

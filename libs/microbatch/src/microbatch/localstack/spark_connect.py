@@ -3,7 +3,9 @@
 The server (``org.apache.spark.sql.connect.service.SparkConnectServer``, shipped in
 pyspark's jars) holds one Spark application; each batch connects to it with
 ``MICROBATCH_SPARK_MASTER=sc://127.0.0.1:<port>`` instead of starting a JVM. Because the
-runtime uses only the DataFrame API with Arrow, the same job code runs on both.
+runtime uses only the DataFrame API with Arrow, the same job code runs on both. The server
+gets Spark's Kafka connector jars when ``make jars`` resolved them, so stage 1 reads Kafka
+with the JVM source there too.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from microbatch.errors import ServiceError
 from microbatch.executables import find_executable
 from microbatch.localstack.process import ServiceProcess, port_is_free
+from microbatch.localstack.spark_kafka import spark_kafka_jars
+from microbatch.settings import Settings
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -26,12 +31,22 @@ def _listening(port: int) -> bool:
 
 
 class SparkConnectServer:
-    """Start/stop a Connect server on ``port`` whose executors run ``master``."""
+    """Start/stop a Connect server on ``port`` whose executors run ``master``.
 
-    def __init__(self, port: int, workdir: Path, master: str = "local[*]") -> None:
+    ``jars``: extra jars for the server's classpath; None means the Kafka connector's, if
+    resolved under the settings' home (``MICROBATCH_HOME``) when the server starts."""
+
+    def __init__(
+        self,
+        port: int,
+        workdir: Path,
+        master: str = "local[*]",
+        jars: Sequence[str | Path] | None = None,
+    ) -> None:
         self.port = port
         self.workdir = workdir
         self.master = master
+        self.jars = jars
         self.process = ServiceProcess("spark-connect", workdir)
 
     @property
@@ -52,6 +67,10 @@ class SparkConnectServer:
         env = dict(os.environ)
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        jars = self.jars
+        if jars is None:
+            jars = spark_kafka_jars(Settings.from_env().home_path)
+        extra = ["--jars", ",".join(str(jar) for jar in jars)] if jars else []
         self.process.start(
             [submit, "--class", SERVER_CLASS, "--master", self.master,
              "--conf", f"spark.connect.grpc.binding.port={self.port}",
@@ -60,6 +79,7 @@ class SparkConnectServer:
              "--conf", "spark.ui.enabled=false",
              "--conf", "spark.sql.execution.arrow.pyspark.enabled=true",
              "--conf", "spark.sql.session.timeZone=UTC",
+             *extra,
              "spark-internal"],
             env=env,
             ready=lambda: _listening(self.port),

@@ -32,7 +32,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -64,6 +64,7 @@ from microbatch.kafka import (
     snapshot_to_json,
 )
 from microbatch.kafka.reader import range_descriptors
+from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime import fence
 from microbatch.runtime.faults import check_crash_point, crash_if
 from microbatch.runtime.keyed import RESULT_DDL, TICK, StageTwo
@@ -81,6 +82,7 @@ from microbatch.runtime.records import (
     PENDING_HEADER,
     RECORD,
     STAT,
+    ReadingStageOne,
     StageOne,
 )
 from microbatch.runtime.rewind import RewindTarget, find_rewind_target
@@ -175,6 +177,7 @@ class BatchRunner:
         self.store: ObjectStore = open_store(pipeline.checkpoints, settings)
         self.layout = Layout()
         self.plans = PlanStore(self.store)
+        self._broker: KafkaBrokerView | None = None
         check_storage_for_master(pipeline, settings.spark_master)
         _ship_user_code(pipeline)
 
@@ -242,7 +245,8 @@ class BatchRunner:
                 store = open_store(sink.url, self.settings)
                 ends = snapshot_from_json(manifest.metadata.get("offsets", {}))
                 flat = {partition_name(*tp): n for tp, n in ends.items()}
-                parquet_sink.publish_parquet(store, batch_id, staged, flat)
+                replaced = manifest.metadata.get("supersedes", ())
+                parquet_sink.publish_parquet(store, batch_id, staged, flat, replaced)
             if n == 0:
                 crash_if(crash_at, "during_publish", f"pipeline {self.name!r} batch {batch_id}")
         self.store.put(f"published/{batch_id:020d}", b"")
@@ -269,18 +273,17 @@ class BatchRunner:
         if existing is None:
             src = self.pipeline.source
             limit = options.max_records_per_batch or src.max_records_per_batch
-            with KafkaBrokerView(self.settings.kafka_bootstrap_servers) as view:
-                plan = self.plans.plan_or_replay(
-                    view,
-                    pipeline=self.name,
-                    topics=src.topics,
-                    committed=_offsets(base),
-                    committed_batch_id=None if base is None else base.checkpoint_id,
-                    starting=_starting(self.pipeline),
-                    limits=BatchLimits(src.max_records_per_partition, limit),
-                    until_timestamp_ms=options.until_timestamp_ms,
-                    on_out_of_range=src.on_out_of_range,
-                )
+            plan = self.plans.plan_or_replay(
+                self.broker(),
+                pipeline=self.name,
+                topics=src.topics,
+                committed=_offsets(base),
+                committed_batch_id=None if base is None else base.checkpoint_id,
+                starting=_starting(self.pipeline),
+                limits=BatchLimits(src.max_records_per_partition, limit),
+                until_timestamp_ms=options.until_timestamp_ms,
+                on_out_of_range=src.on_out_of_range,
+            )
         else:
             plan = existing
         parallelism = check_parallelism_for(
@@ -304,9 +307,20 @@ class BatchRunner:
         return plan, spec, replayed
 
     def lag(self, offsets: dict[TopicPartition, int]) -> dict[str, int]:
-        with KafkaBrokerView(self.settings.kafka_bootstrap_servers) as view:
-            end = view.end_offsets(list(offsets))
+        end = self.broker().end_offsets(list(offsets))
         return {str(tp): n for tp, n in partition_lag(end, offsets).items()}
+
+    def broker(self) -> KafkaBrokerView:
+        """One connection to the source's brokers per run (planning, then the lag after
+        the commit): each new one costs a bootstrap and a metadata round trip."""
+        if self._broker is None:
+            self._broker = KafkaBrokerView(self.settings.kafka_bootstrap_servers)
+        return self._broker
+
+    def close_broker(self) -> None:
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
 
     # Step 3 -------------------------------------------------------------------------
     def stage_one(
@@ -319,24 +333,52 @@ class BatchRunner:
     ) -> Any:
         """The envelope rows of stage 1, persisted (read once, used by the statistics and by
         stage 2). With nothing to read — no range, no pending element — an empty frame and
-        no Spark job at all; stage 2 still runs every instance (timers fire)."""
+        no Spark job at all; stage 2 still runs every instance (timers fire).
+
+        The planned ranges are read by the reader :meth:`read_planned` picks, recorded in
+        :attr:`stage_one_reader`; both give the same Kafka rows to the same processing."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
+        self.stage_one_reader = None
         if not _has_input(plan, pending):
             return self.spark.createDataFrame([], envelope_type)
-        bootstrap = self.settings.kafka_bootstrap_servers
-        fused = StageOne(self.pipeline, parallelism, watermark, crash_at, bootstrap)
-        descriptors = range_descriptors(self.spark, plan.ranges)
-        if descriptors is None:
-            envelopes = self.spark.createDataFrame([], envelope_type)
-        else:
-            envelopes = descriptors.mapInArrow(fused, envelope_type)
+        process = StageOne(self.pipeline, parallelism, watermark, crash_at)
+        envelopes = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
-            again = StageOne(self.pipeline, parallelism, watermark, crash_at)
             rows = self.spark.createDataFrame(pending.to_pandas())
-            envelopes = envelopes.unionByName(rows.mapInArrow(again, envelope_type))
+            envelopes = envelopes.unionByName(rows.mapInArrow(process, envelope_type))
         return envelopes.persist()
+
+    #: The reader of the last :meth:`stage_one`: "spark" (the JVM Kafka source), "python"
+    #: (kafka-python) or None (nothing to read).
+    stage_one_reader: str | None = None
+
+    def read_planned(self, plan: BatchPlan, process: StageOne, envelope_type: Any) -> Any:
+        """``process`` over the records of the planned ranges, read by the pipeline's
+        ``KafkaSource.reader`` choice: Spark's Kafka source in the JVM, then ``process`` in
+        a ``mapInArrow`` over its rows; or kafka-python inside the ``mapInArrow`` tasks
+        themselves, one range per task (``range_descriptors``)."""
+        bootstrap = self.settings.kafka_bootstrap_servers
+        requested = self.pipeline.source.reader
+        descriptors = None
+        if plan.ranges:
+            problem = None if requested == "python" else connector_problem(self.spark)
+            self.stage_one_reader = choose_reader(self.name, requested, problem)
+            log.info(
+                "pipeline %s batch %s: stage 1 reads %d ranges with %s",
+                self.name,
+                plan.batch_id,
+                len(plan.ranges),
+                "Spark's Kafka source" if self.stage_one_reader == "spark" else "kafka-python",
+            )
+            if self.stage_one_reader == "spark":
+                rows = read_ranges_spark(self.spark, bootstrap, plan.ranges, view=self.broker())
+                return rows.mapInArrow(process, envelope_type)
+            descriptors = range_descriptors(self.spark, plan.ranges)
+        if descriptors is None:
+            return self.spark.createDataFrame([], envelope_type)
+        return descriptors.mapInArrow(ReadingStageOne(process, bootstrap), envelope_type)
 
     def load_pending(self, base: Manifest | None) -> pa.Table | None:
         """Enrichment inputs the last batch left unfinished, as Kafka-shaped rows."""
@@ -388,19 +430,24 @@ class BatchRunner:
         return {"file": key, "count": table.num_rows}
 
     def stage_two(self, envelopes: Any, stage: StageTwo, parallelism: int) -> list[dict]:
+        """Every operator instance processes its records (``envelopes``; None when stage 1
+        had no input) and fires its due timers, one group per instance."""
         from pyspark.sql import functions as F
 
         def per_instance(key: Any, table: Any) -> Any:  # a plain function: Spark counts args
             return stage(key, table)
 
-        ticks = self.spark.createDataFrame(_ticks(parallelism))
-        rows = envelopes.filter(F.col("kind").isin(RECORD, DEAD_LETTER)).unionByName(ticks)
-        out = (
-            rows.repartition(parallelism, "instance")
-            .groupBy("instance")
-            .applyInArrow(per_instance, RESULT_DDL)
-            .collect()
-        )
+        if envelopes is None:
+            out = self._ticks_only(stage, parallelism)
+        else:
+            ticks = self.spark.createDataFrame(_ticks(range(parallelism)).to_pandas())
+            rows = envelopes.filter(F.col("kind").isin(RECORD, DEAD_LETTER)).unionByName(ticks)
+            out = (  # partition i holds instance i: a hash could put two in one task
+                rows.repartitionById(parallelism, "instance")
+                .groupBy("instance")
+                .applyInArrow(per_instance, RESULT_DDL)
+                .collect()
+            )
         results = [json.loads(r["result"]) for r in out]
         got = sorted(r["instance"] for r in results)
         if got != list(range(parallelism)):
@@ -410,12 +457,28 @@ class BatchRunner:
             )
         return sorted(results, key=lambda r: r["instance"])
 
+    def _ticks_only(self, stage: StageTwo, parallelism: int) -> list[Any]:
+        """Stage 2 of a batch without input: each instance gets only its tick, so one task
+        per instance (``spark.range`` with one row per slice) and no shuffle — a single
+        short Spark stage instead of a shuffle map and reduce."""
+
+        def per_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for instance in batch.column("id").to_pylist():
+                    yield from stage((instance,), _ticks([instance])).to_batches()
+
+        slices = self.spark.range(0, parallelism, 1, parallelism)
+        return slices.mapInArrow(per_task, RESULT_DDL).collect()
+
     # The protocol ---------------------------------------------------------------------
     def run(self, options: BatchOptions = BatchOptions()) -> BatchResult:
         crash_at = check_crash_point(options.crash_at)
         owner = options.run_id or f"cli-{uuid.uuid4().hex[:12]}"
-        with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
-            return self._run(options, crash_at)
+        try:
+            with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
+                return self._run(options, crash_at)
+        finally:
+            self.close_broker()
 
     def _run(self, options: BatchOptions, crash_at: str | None) -> BatchResult:
         t0 = time.perf_counter()
@@ -495,7 +558,8 @@ class BatchRunner:
                 full=full,
                 crash_at=crash_at,
             )
-            results = self.stage_two(envelopes, stage, parallelism)
+            has_input = _has_input(plan, pending_in)
+            results = self.stage_two(envelopes if has_input else None, stage, parallelism)
         finally:
             envelopes.unpersist()
         t = lap("process", t)
@@ -527,6 +591,10 @@ class BatchRunner:
                 sinks[name].append(staged)
         outputs = {name: sum(s["rows"] for s in staged if s) for name, staged in sinks.items()}
         offsets = plan.end_offsets()
+        supersedes, awaiting = parquet_sink.after_batch(
+            self.awaiting_replacement(base),
+            {partition_name(*tp): n for tp, n in offsets.items()},
+        )
         metadata = {
             "batch": {
                 "parallelism": parallelism,
@@ -544,6 +612,8 @@ class BatchRunner:
             "watermark": wm_state.watermark,
             "enrich_pending": pending_out,
             "sinks": sinks,
+            "supersedes": supersedes,
+            "awaiting_replacement": awaiting,
             "stats": {
                 "records_in": records_in,
                 "dead_letters": dead,
@@ -553,6 +623,7 @@ class BatchRunner:
                 "enrich_reissued": 0 if pending_in is None else pending_in.num_rows,
                 "per_partition": stats["per_partition"],
                 "skipped": snapshot_to_json(plan.skipped),
+                "reader": self.stage_one_reader,  # "spark", "python" or None (no input)
                 # Driver-side phases up to the commit (publish and GC come after it).
                 "seconds": {**seconds, "to_commit": round(time.perf_counter() - t0, 3)},
                 "instances": [
@@ -673,6 +744,10 @@ class BatchRunner:
             "checkpoint_id": target.checkpoint_id,
             "undone": [target.undone_from, latest.checkpoint_id],
         }
+        metadata.pop("supersedes", None)  # a rewind replaces nothing itself
+        metadata["awaiting_replacement"] = self.scan_awaiting(
+            range(target.undone_from, latest.checkpoint_id + 1)
+        )
         manifest = dataclasses.replace(
             source,
             checkpoint_id=latest.checkpoint_id + 1,
@@ -683,6 +758,25 @@ class BatchRunner:
         self.publish(manifest)
         log.info("%s: committed checkpoint %s", where, manifest.checkpoint_id)
         return manifest
+
+    def awaiting_replacement(self, base: Manifest | None) -> parquet_sink.Awaiting:
+        """Undone batches whose Parquet output still awaits replacement, as ``base``
+        recorded them."""
+        if base is None:
+            return {}
+        if "awaiting_replacement" in base.metadata:
+            return base.metadata["awaiting_replacement"]
+        return self.scan_awaiting()  # a checkpoint written before the mapping existed
+
+    def scan_awaiting(self, undone: range = range(0)) -> parquet_sink.Awaiting:
+        """The same, read from the Parquet sinks' ``_commits`` entries (all of them: for
+        rewinds only), counting ``undone`` as undone too."""
+        out: parquet_sink.Awaiting = {}
+        for sink in self.pipeline.all_sinks():
+            if not isinstance(sink, KafkaSink):
+                store = open_store(sink.url, self.settings)
+                out.update(parquet_sink.awaiting_replacement(store, undone))
+        return dict(sorted(out.items(), key=lambda item: int(item[0])))
 
     def refuse_kafka_repeats(self, what: str, accept_kafka_repeats: bool) -> None:
         kafka = [s.name for s in self.pipeline.all_sinks() if isinstance(s, KafkaSink)]
@@ -769,11 +863,13 @@ def _batch_of(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _ticks(parallelism: int) -> Any:
-    cols: dict[str, list[Any]] = {f.name: [None] * parallelism for f in ENVELOPE_SCHEMA}
-    cols["kind"] = [TICK] * parallelism
-    cols["instance"] = list(range(parallelism))
-    return pa.Table.from_pydict(cols, schema=ENVELOPE_SCHEMA).to_pandas()
+def _ticks(instances: Sequence[int]) -> pa.Table:
+    """One tick envelope per instance: what makes an instance run, and fire its due
+    timers, when it has no records."""
+    cols: dict[str, list[Any]] = {f.name: [None] * len(instances) for f in ENVELOPE_SCHEMA}
+    cols["kind"] = [TICK] * len(instances)
+    cols["instance"] = list(instances)
+    return pa.Table.from_pydict(cols, schema=ENVELOPE_SCHEMA)
 
 
 def _has_input(plan: BatchPlan, pending: pa.Table | None) -> bool:

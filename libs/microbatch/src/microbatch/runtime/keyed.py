@@ -36,7 +36,13 @@ from microbatch.keygroups import KeyGroupRange, decode_key, key_group_range
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import DEAD_LETTER_SINK, KafkaSink, ParquetSink, Pipeline
 from microbatch.runtime.process import ProcessContext
-from microbatch.runtime.records import DEAD_LETTER, RECORD, gc_paused, payload_decoder
+from microbatch.runtime.records import (
+    DEAD_LETTER,
+    RECORD,
+    DeadLetterDetail,
+    gc_paused,
+    payload_decoder,
+)
 from microbatch.settings import Settings
 from microbatch.sinks import kafka as kafka_sink
 from microbatch.sinks import parquet as parquet_sink
@@ -190,11 +196,12 @@ class StageTwo:
         # Dead letters of stage 1, in source order.
         dl = table.filter(pc.equal(table.column("kind"), DEAD_LETTER))
         dl = dl.sort_by([(c, "ascending") for c in SOURCE_ORDER])
-        for row in dl.to_pylist():
+        for row in dl.select(["topic", "partition", "offset", "payload"]).to_pylist():
+            detail = DeadLetterDetail.from_payload(row["payload"])
             dead_letter(
-                row["reason"], row["error"], topic=row["topic"], partition=row["partition"],
-                offset=row["offset"], attempts=row["attempts"], raw_key=row["raw_key"],
-                raw_value=row["raw_value"],
+                detail.reason, detail.error, topic=row["topic"], partition=row["partition"],
+                offset=row["offset"], attempts=detail.attempts, raw_key=detail.raw_key,
+                raw_value=detail.raw_value,
             )  # fmt: skip
 
         # Step 2: process() per key.

@@ -37,6 +37,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 Decoder = Callable[[bytes], Any]
 OnOutOfRange = Literal["fail", "earliest"]
+KafkaReader = Literal["auto", "python", "spark"]
+_READERS = ("auto", "python", "spark")
 
 
 def json_decoder(value: bytes) -> Any:
@@ -69,6 +71,12 @@ class KafkaSource:
     and ``max_records_per_batch`` cap one batch (like Spark's ``maxOffsetsPerTrigger``).
     ``on_out_of_range``: what to do when committed offsets were deleted by retention —
     ``"fail"`` (default) or ``"earliest"`` (skip ahead; the skipped count is in the stats).
+
+    ``reader``: what reads the planned offset ranges in stage 1 — ``"spark"``, Spark's own
+    Kafka source in the JVM (``spark-sql-kafka-0-10`` must be on the session's classpath;
+    several times less CPU per record), ``"python"``, kafka-python inside the stage-1
+    tasks, or ``"auto"`` (default): the JVM source when the session has the connector,
+    else kafka-python. Both read exactly the same records.
     """
 
     topics: Sequence[str]
@@ -77,6 +85,7 @@ class KafkaSource:
     max_records_per_batch: int | None = None
     on_out_of_range: OnOutOfRange = "fail"
     decoder: Decoder = json_decoder
+    reader: KafkaReader = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.topics, str):
@@ -101,6 +110,11 @@ class KafkaSource:
             )
         if not callable(self.decoder):
             raise ConfigError(f"KafkaSource decoder must be callable, got {self.decoder!r}")
+        if self.reader not in _READERS:
+            raise ConfigError(
+                f"KafkaSource reader must be one of {', '.join(map(repr, _READERS))} (what "
+                f"reads Kafka in stage 1), got {self.reader!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,9 @@ async operator dead-lettered it, with its attempt count).
 
 A record's ``payload`` is what stage 2 decodes back into the record: its source bytes
 when no enrichment ran (the source decoder reads them again), else the enriched value in
-the *envelope payload* format of :func:`encode_payload`.
+the *envelope payload* format of :func:`encode_payload`. A dead letter's ``payload`` holds
+its :class:`DeadLetterDetail` in the same format: dead letters are rare, so the envelope
+carries no columns only they would fill (each one costs every row in the stage-2 shuffle).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -52,11 +54,6 @@ ENVELOPE_SCHEMA = pa.schema(
         ("key", pa.binary()),
         ("event_ts", pa.int64()),
         ("payload", pa.binary()),
-        ("raw_key", pa.binary()),
-        ("raw_value", pa.binary()),
-        ("reason", pa.string()),
-        ("error", pa.string()),
-        ("attempts", pa.int32()),
     ]
 )
 RECORD = "record"
@@ -68,6 +65,23 @@ PENDING = "pending"
 STAT = "stat"
 #: Header marking a re-issued pending element among the Kafka rows of stage 1.
 PENDING_HEADER = "microbatch.pending"
+
+
+class DeadLetterDetail(NamedTuple):
+    """What a dead-letter envelope row carries in its ``payload``."""
+
+    reason: str
+    error: str
+    raw_key: bytes | None
+    raw_value: bytes | None
+    attempts: int | None = None
+
+    def to_payload(self) -> bytes:
+        return encode_payload(tuple(self))
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> DeadLetterDetail:
+        return cls(*decode_payload(payload))
 
 
 class _Bad(Exception):
@@ -194,15 +208,17 @@ def _error_text(e: BaseException) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class StageOne:
-    """The picklable stage-1 function: what it needs from the driver, nothing else."""
+    """The picklable stage-1 function: Kafka rows (``KAFKA_SCHEMA``) in, envelope rows out.
+
+    It only processes — decode, enrich, key, route — whatever read the rows: Spark's Kafka
+    source in the JVM, kafka-python in the same task (:class:`ReadingStageOne`), or the
+    driver (re-issued pending elements). It holds what it needs from the driver, nothing
+    else."""
 
     pipeline: Pipeline
     parallelism: int
     watermark: int | None
     crash_at: str | None = None
-    #: Set: the input rows are range descriptors and this task reads them from Kafka
-    #: itself (one Python worker per task instead of two chained ones).
-    bootstrap_servers: str | None = None
 
     @functools.cached_property
     def _instance_of(self) -> tuple[int, ...]:
@@ -266,14 +282,12 @@ class StageOne:
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none)."""
         where = f"pipeline {self.pipeline.name!r} stage 1"
-        if self.bootstrap_servers is not None:
-            batches = read_descriptors(batches, self.bootstrap_servers)
         if self.pipeline.enrich is None:
             for batch in batches:
                 yield self.envelopes(batch)
                 crash_if(self.crash_at, "during_read", where)
             return
-        with gc_paused():  # the Kafka read too: it allocates as much as the rest
+        with gc_paused():  # a Kafka read in this task too: it allocates as much as the rest
             out = self.enriched(list(batches))
         yield out
         crash_if(self.crash_at, "during_read", where)
@@ -364,8 +378,7 @@ class StageOne:
                 if p.coordinates is None:
                     continue
                 topic, part, off = p.coordinates
-                out.add(PENDING, topic, part, off, 0, 0, None, None, None, p.to_bytes(),
-                        attempts=p.attempts)  # fmt: skip
+                out.add(PENDING, topic, part, off, 0, 0, None, None, None, p.to_bytes())
             out.stats(inputs)
             return out.build()
 
@@ -392,6 +405,19 @@ class StageOne:
             except MicrobatchError as e:
                 raise _Bad("undecodable", f"decoded value is not plain data: {e}") from e
         out.record(topic, part, off, seq, self._instance_of[kg], kg, key_bytes, ts, payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadingStageOne:
+    """Stage 1 reading with kafka-python: the input rows are range descriptors
+    (``range_descriptors``); the task reads each range and hands the records to ``stage``
+    as they arrive, in one Python worker (not two chained ones)."""
+
+    stage: StageOne
+    bootstrap_servers: str
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.stage(read_descriptors(batches, self.bootstrap_servers))
 
 
 def _source_columns(batch: pa.RecordBatch) -> tuple[list[Any], ...]:
@@ -453,20 +479,13 @@ class EnvelopeBuilder:
         key: bytes | None,
         ts: int | None,
         payload: bytes | None,
-        raw_key: bytes | None = None,
-        raw_value: bytes | None = None,
-        reason: str | None = None,
-        error: str | None = None,
-        attempts: int | None = None,
     ) -> None:
-        self.rows.append((kind, topic, part, off, seq, instance, kg, key, ts, payload, raw_key,
-                          raw_value, reason, error, attempts))  # fmt: skip
+        self.rows.append((kind, topic, part, off, seq, instance, kg, key, ts, payload))
 
     def record(self, topic: str, part: int, off: int, seq: int, instance: int, kg: int,
                key: bytes, ts: int | None, payload: bytes) -> None:  # fmt: skip
         """A keyed record row (the hot path of :meth:`add`)."""
-        self.rows.append((RECORD, topic, part, off, seq, instance, kg, key, ts, payload, None,
-                          None, None, None, None))  # fmt: skip
+        self.rows.append((RECORD, topic, part, off, seq, instance, kg, key, ts, payload))
 
     def dead(
         self,
@@ -483,8 +502,8 @@ class EnvelopeBuilder:
     ) -> None:
         """A dead letter, routed to a deterministic instance that stages it."""
         inst = (part + off) % parallelism
-        self.add(DEAD_LETTER, topic, part, off, seq, inst, None, None, None, None, raw_key,
-                 raw_value, reason, error, attempts)  # fmt: skip
+        detail = DeadLetterDetail(reason, error, raw_key, raw_value, attempts).to_payload()
+        self.add(DEAD_LETTER, topic, part, off, seq, inst, None, None, None, detail)
 
     def stats(self, inputs: Counter[tuple[str, int]]) -> None:
         for (topic, part), n in sorted(inputs.items()):

@@ -21,6 +21,12 @@ same intervals, a reader sees each interval once, old or new. An old batch spann
 new ones stays until the last of them, its rows next to the first recomputed ones (rather
 than leaving a gap).
 
+Which batches an entry supersedes is decided before the checkpoint commits and recorded in
+it, so a rerun publishes the same entry. The undone batches still awaiting replacement
+travel from checkpoint to checkpoint (:func:`after_batch`); only a rewind reads the
+``_commits`` entries (:func:`awaiting_replacement`), so publishing costs the same after
+ten batches or ten thousand.
+
 Entry body: ``{"batch", "files", "rows", "end_offsets", "supersedes", "undoes"}``.
 """
 
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -89,23 +95,48 @@ def publish_parquet(
     batch_id: int,
     staged: Sequence[dict[str, Any]],
     end_offsets: Mapping[str, int] | None = None,
+    supersedes: Sequence[int] = (),
 ) -> bool:
-    """Make batch ``batch_id`` visible, replacing the undone batches whose input it has
-    read again; False if it already was visible (a rerun after a crash).
+    """Make batch ``batch_id`` visible, replacing the undone batches ``supersedes`` (from
+    :func:`after_batch`); False if it already was visible (a rerun after a crash).
 
     ``end_offsets`` maps ``"topic:partition"`` to the offset after the batch's input."""
     if is_published(store, batch_id):
         return False
-    ends = dict(end_offsets or {})
     files = sorted(s["file"] for s in staged)
     body = {
         "batch": batch_id,
         "files": files,
         "rows": sum(s["rows"] for s in staged),
-        "end_offsets": ends,
-        "supersedes": [b for b, e in _awaiting_replacement(store).items() if _covers(ends, e)],
+        "end_offsets": dict(end_offsets or {}),
+        "supersedes": sorted(supersedes),
     }
     return _create_entry(store, batch_id, body)
+
+
+Awaiting = dict[str, "dict[str, int] | None"]
+"""Undone batches whose output is still visible → their end offsets (None: unknown, never
+replaced). Keys are batch ids as strings: the mapping lives in checkpoint JSON."""
+
+
+def after_batch(
+    awaiting: Mapping[str, Any], end_offsets: Mapping[str, int]
+) -> tuple[list[int], Awaiting]:
+    """(superseded, still awaiting) once a batch ending at ``end_offsets`` is published:
+    it replaces every awaiting batch whose input it has read again."""
+    done = sorted(int(b) for b, ends in awaiting.items() if _covers(end_offsets, ends))
+    rest = {b: ends for b, ends in awaiting.items() if int(b) not in done}
+    return done, rest
+
+
+def awaiting_replacement(store: ObjectStore, undone: Iterable[int] = ()) -> Awaiting:
+    """From the ``_commits`` entries: the undone batches (also ``undone``, a rewind about
+    to be published) whose output is visible, with their end offsets. Reads every entry:
+    for a rewind, or a checkpoint written before the mapping was recorded."""
+    entries = commit_entries(store)
+    all_undone = {b for e in entries.values() for b in e.get("undoes", ())} | set(undone)
+    visible = set(visible_batches(entries))
+    return {str(b): entries[b].get("end_offsets") for b in sorted(all_undone & visible)}
 
 
 def publish_rewind(store: ObjectStore, batch_id: int, undone: Sequence[int]) -> bool:
@@ -133,14 +164,6 @@ def _covers(ends: Mapping[str, int], undone_ends: Mapping[str, int] | None) -> b
 def commit_entries(store: ObjectStore) -> dict[int, dict[str, Any]]:
     """Every commit entry, by batch id."""
     return {b: json.loads(store.get(commit_key(b))) for b in committed_batches(store)}
-
-
-def _awaiting_replacement(store: ObjectStore) -> dict[int, dict[str, int] | None]:
-    """Undone batches whose output is still visible, and their end offsets."""
-    entries = commit_entries(store)
-    undone = {b for e in entries.values() for b in e.get("undoes", ())}
-    visible = set(visible_batches(entries))
-    return {b: entries[b].get("end_offsets") for b in sorted(undone & visible)}
 
 
 def visible_batches(entries: Mapping[int, Mapping[str, Any]]) -> list[int]:
