@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 
@@ -36,20 +36,6 @@ from microbatch.storage import LocalFileStore
 pytestmark = pytest.mark.integration
 
 Row = tuple[int, int, bytes | None, bytes, tuple[tuple[str, bytes], ...]]
-
-
-@pytest.fixture(scope="module")
-def bootstrap(kafka_settings) -> str:
-    return kafka_settings.kafka_bootstrap_servers
-
-
-@pytest.fixture
-def admin(bootstrap) -> Iterator:
-    from kafka import KafkaAdminClient
-
-    client = KafkaAdminClient(bootstrap_servers=bootstrap)
-    yield client
-    client.close()
 
 
 def new_topic(admin, partitions: int, **configs: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +26,6 @@ from tests.integration.runtime.pipelines import click, count_pipeline
 from tests.integration.runtime.test_crashes import all_state
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def bootstrap(kafka_settings) -> str:
-    return kafka_settings.kafka_bootstrap_servers
-
-
-@pytest.fixture
-def admin(bootstrap) -> Iterator:
-    from kafka import KafkaAdminClient
-
-    client = KafkaAdminClient(bootstrap_servers=bootstrap)
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module", autouse=True)

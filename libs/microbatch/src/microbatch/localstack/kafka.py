@@ -15,10 +15,10 @@ import os
 import shutil
 import subprocess
 import uuid
-from importlib import resources
 from pathlib import Path
 
 from microbatch.errors import ServiceError
+from microbatch.localstack.maven import copy_dependencies
 from microbatch.localstack.process import ServiceProcess, port_is_free, tail
 from microbatch.settings import Settings
 
@@ -72,30 +72,13 @@ def ensure_jars(home: Path) -> Path:
     done = libs / ".complete"
     if done.exists():
         return libs
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise ServiceError(
-            "Kafka: Maven (`mvn`) is not on PATH; it fetches the Kafka jars from Maven "
-            "Central. Install it, e.g. `apt-get install -y maven`."
-        )
-    libs.mkdir(parents=True, exist_ok=True)
-    pom = resources.files("microbatch.localstack").joinpath("kafka-pom.xml")
-    with resources.as_file(pom) as pom_path:
-        cmd = [
-            mvn, "-B", "-q", "-f", str(pom_path),
-            f"-Dkafka.version={KAFKA_VERSION}",
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={libs}",
-        ]  # fmt: skip
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0 or not any(libs.glob("kafka_2.13-*.jar")):
-        output = (result.stdout + result.stderr).strip().splitlines()[-12:]
-        raise ServiceError(
-            f"Kafka: could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION} from Maven "
-            "Central with mvn (is the repository reachable? a proxy in ~/.m2/settings.xml?).\n"
-            + "\n".join("    " + line for line in output)
-        )
+    copy_dependencies(
+        f"Kafka (org.apache.kafka:kafka_2.13:{KAFKA_VERSION})",
+        "kafka-pom.xml",
+        {"kafka.version": KAFKA_VERSION},
+        libs,
+        "kafka_2.13-*.jar",
+    )
     done.write_text(KAFKA_VERSION)
     return libs
 

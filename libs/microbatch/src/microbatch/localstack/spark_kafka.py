@@ -18,11 +18,11 @@ import importlib.metadata
 import importlib.util
 import re
 import shutil
-import subprocess
 from importlib import resources
 from pathlib import Path
 
 from microbatch.errors import ServiceError
+from microbatch.localstack.maven import copy_dependencies
 
 POM = "spark-kafka-pom.xml"
 _DONE = ".complete"
@@ -73,32 +73,15 @@ def ensure_spark_kafka_jars(home: Path) -> list[Path]:
     found = spark_kafka_jars(home)
     if found:
         return found
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise ServiceError(
-            "Spark Kafka connector: Maven (`mvn`) is not on PATH; it fetches the jars from "
-            "Maven Central. Install it, e.g. `apt-get install -y maven`."
-        )
     libs = jar_dir(home, version)
     shutil.rmtree(libs, ignore_errors=True)
-    libs.mkdir(parents=True)
-    pom = resources.files("microbatch.localstack").joinpath(POM)
-    with resources.as_file(pom) as pom_path:
-        cmd = [
-            mvn, "-B", "-q", "-f", str(pom_path),
-            f"-Dspark.version={version}",
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={libs}",
-        ]  # fmt: skip
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0 or not any(libs.glob("spark-sql-kafka-0-10_*.jar")):
-        output = (result.stdout + result.stderr).strip().splitlines()[-12:]
-        raise ServiceError(
-            f"Spark Kafka connector: could not resolve org.apache.spark:spark-sql-kafka-0-10"
-            f"_2.13:{version} from Maven Central with mvn (is the repository reachable? a "
-            "proxy in ~/.m2/settings.xml?).\n" + "\n".join("    " + line for line in output)
-        )
+    copy_dependencies(
+        f"Spark Kafka connector (org.apache.spark:spark-sql-kafka-0-10_2.13:{version})",
+        POM,
+        {"spark.version": version},
+        libs,
+        "spark-sql-kafka-0-10_*.jar",
+    )
     shipped = _pyspark_artifacts()
     for jar in libs.glob("*.jar"):
         if artifact_name(jar.name) in shipped:  # never two versions of one library

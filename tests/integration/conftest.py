@@ -1,4 +1,4 @@
-"""Fixtures of the runtime tests: the broker's address and one admin client per module."""
+"""Fixtures of the integration tests: the broker's address and one admin client per module."""
 
 from __future__ import annotations
 
