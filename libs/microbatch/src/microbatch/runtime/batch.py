@@ -9,11 +9,12 @@
 2. **Plan** — reuse the stored plan of this batch if an earlier attempt wrote one (so a
    rerun reads the same records at the same parallelism); else plan the offset ranges
    (up to the data interval's end and the limits) and store the plan *before* any work.
-3. **Execute** on Spark — stage 1 (``mapInArrow``): read the exact ranges, decode, key,
-   route; materialised once, its statistics give the batch watermark. Stage 2
-   (``groupBy('instance').applyInArrow``): every operator instance restores its
-   key-groups, processes its keys, fires timers, writes its state file and stages its
-   sink output.
+3. **Execute** on Spark — stage 1 (``mapInArrow``): read the exact ranges (Spark's JVM
+   Kafka source or kafka-python), decode, key, route; materialised once, its statistics
+   give the batch watermark. Stage 2 (``repartitionById`` + ``groupBy('instance')
+   .applyInArrow``; one task per instance without a shuffle when there is no input):
+   every operator instance restores its key-groups, processes its keys, fires timers,
+   writes its state file and stages its sink output.
 4. **Commit** — create the manifest (exclusive create): offsets of every partition,
    key-group index, watermark, staged output, stats. The single commit point.
 5. **Publish** — make staged output visible (Parquet commit entries; one Kafka
