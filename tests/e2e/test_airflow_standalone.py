@@ -77,11 +77,10 @@ def standalone(stack_settings, tmp_path_factory):
     run = uuid.uuid4().hex[:8]
     home = tmp_path_factory.mktemp("standalone")
     profiles = ProfileService(1, 0.0, home / "profiles.log")
-    config = ClickstreamConfig(
-        topic=f"clicks-sa-{run}",
-        sessions_topic=f"sessions-sa-{run}",
-        dead_letter_topic=f"dlq-sa-{run}",
-        root=f"s3://{stack_settings.s3_bucket}/e2e-standalone-{run}",
+    config = ClickstreamConfig.fresh(
+        stack_settings.s3_bucket,
+        "e2e-standalone",
+        f"sa-{run}",
         profile_url=profiles.url,
         idle_timeout_s=600.0,
     )

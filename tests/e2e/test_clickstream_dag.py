@@ -130,11 +130,10 @@ def pipeline_env(stack_settings, tmp_path_factory):
     """A fresh clickstream namespace with 120-odd clicks, and the profile service."""
     run = uuid.uuid4().hex[:8]
     profiles = ProfileService(1, 0.0, tmp_path_factory.mktemp("profiles") / "service.log")
-    config = ClickstreamConfig(
-        topic=f"clicks-e2e-{run}",
-        sessions_topic=f"sessions-e2e-{run}",
-        dead_letter_topic=f"dlq-e2e-{run}",
-        root=f"s3://{stack_settings.s3_bucket}/e2e-clickstream-{run}",
+    config = ClickstreamConfig.fresh(
+        stack_settings.s3_bucket,
+        "e2e-clickstream",
+        f"e2e-{run}",
         profile_url=profiles.url,
         idle_timeout_s=600.0,  # the idle run right after the batch must not see idle partitions
     )

@@ -44,11 +44,10 @@ def test_clickstream_sessions_equal_the_reference_exactly_once(
     spark, stack_settings, profiles, tmp_path: Path
 ) -> None:
     run = uuid.uuid4().hex[:8]
-    config = ClickstreamConfig(
-        topic=f"clicks-{run}",
-        sessions_topic=f"sessions-{run}",
-        dead_letter_topic=f"dlq-{run}",
-        root=f"s3://{stack_settings.s3_bucket}/test-clickstream-{run}",
+    config = ClickstreamConfig.fresh(
+        stack_settings.s3_bucket,
+        "test-clickstream",
+        run,
         profile_url=profiles.url,
         parallelism=2,
         idle_timeout_s=2.0,

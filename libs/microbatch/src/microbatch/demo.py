@@ -231,11 +231,10 @@ def run_demo(
     from microbatch.storage import open_store
 
     run = time.strftime("%Y%m%d-%H%M%S")
-    config = ClickstreamConfig(
-        topic=f"clicks-{run}",
-        sessions_topic=f"sessions-{run}",
-        dead_letter_topic=f"clicks-dlq-{run}",
-        root=f"s3://{settings.s3_bucket}/demo-{run}",
+    config = ClickstreamConfig.fresh(
+        settings.s3_bucket,
+        "demo",
+        run,
         profile_url=profiles.url,
         parallelism=2,
         idle_timeout_s=10.0,

@@ -202,6 +202,18 @@ class ClickstreamConfig:
     ENV_PREFIX = "MICROBATCH_CLICKSTREAM_"
 
     @classmethod
+    def fresh(cls, bucket: str, label: str, run: str, **overrides: Any) -> ClickstreamConfig:
+        """A namespace of its own (a demo run, a test): topics suffixed with ``run``, the
+        root at ``s3://<bucket>/<label>-<run>``."""
+        return cls(
+            topic=f"clicks-{run}",
+            sessions_topic=f"sessions-{run}",
+            dead_letter_topic=f"clicks-dlq-{run}",
+            root=f"s3://{bucket}/{label}-{run}",
+            **overrides,
+        )
+
+    @classmethod
     def from_env(cls, bucket: str, env: Mapping[str, str] | None = None) -> ClickstreamConfig:
         """Defaults with the root in ``bucket``, overridden by ``MICROBATCH_CLICKSTREAM_*``."""
         env = os.environ if env is None else env
