@@ -708,3 +708,130 @@ def test_failed_element_held_behind_the_head_is_redone_without_an_extra_attempt(
 
     assert [p.attempts for p in pending] == [0, 1]
     assert out[1].attempts == 2 and calls.count(1) == 3
+
+
+# Eager attempts (results there without waiting) ---------------------------------------
+
+
+def run_fed(op_options: dict[str, Any], invoke, inputs: list[Any]) -> list[Any]:
+    """Feed ``inputs`` (ints or Watermarks) and finish: what the operator emitted."""
+
+    async def main():
+        op = make(invoke, **op_options)
+        op.feed(el(i) if isinstance(i, int) else i for i in inputs)
+        await op.finish()
+        return values(op.take_ready())
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["ordered", "unordered", "ordered_per_key"])
+def test_results_ready_at_once_keep_their_mode_order_behind_a_slow_element(mode):
+    async def invoke(record):
+        if record == 1:
+            await asyncio.sleep(0.05)  # the slow one the others overtake where allowed
+        return record
+
+    inputs = [*range(200), Watermark(1000), *range(200, 300)]
+    key_of = {"key_of": lambda r: r % 2} if mode == "ordered_per_key" else {}
+    out = run_fed({"mode": mode, "capacity": 3, **key_of}, invoke, inputs)
+
+    records = [v for v in out if isinstance(v, int)]
+    assert sorted(records) == list(range(300)), "each input exactly once"
+    watermark_at = out.index(Watermark(1000))
+    assert sorted(out[:watermark_at]) == list(range(200)), "nothing crosses the watermark"
+    if mode == "ordered":
+        assert records == list(range(300))
+    elif mode == "unordered":
+        assert records.index(1) > records.index(3), "a ready result waited for a slow one"
+    else:  # key 1 (odd records) waits for record 1; key 0 (even) does not
+        odds = [v for v in records if v % 2]
+        assert odds == sorted(odds)
+        assert records.index(1) > records.index(4)
+
+
+def test_an_attempt_runs_in_one_task_from_start_to_end():
+    """Attempts started eagerly from another element's outcome still see their own task
+    throughout, so task-based timeouts (``asyncio.timeout``, aiohttp's) cancel them and
+    nothing else."""
+    seen: dict[int, tuple[Any, Any]] = {}
+
+    async def invoke(record):
+        before = asyncio.current_task()
+        async with asyncio.timeout(5):
+            await asyncio.sleep(0.004 if record % 4 == 0 else 0.001)
+        seen[record] = (before, asyncio.current_task())
+        return record
+
+    # In order, a slow head releases several results at once: several attempts start
+    # from one outcome, and only the first may continue in the driver that started it.
+    out = run_fed({"mode": "ordered", "capacity": 4}, invoke, list(range(60)))
+
+    assert sorted(out) == list(range(60))
+    assert all(before is not None and before is after for before, after in seen.values())
+
+
+def test_a_timeout_inside_an_eager_attempt_cancels_only_that_attempt():
+    async def invoke(record):
+        async with asyncio.timeout(0.01 if record == 5 else 5):
+            await asyncio.sleep(1 if record == 5 else 0.001)
+        return record
+
+    out = run_fed({"mode": "ordered", "capacity": 2}, invoke, list(range(12)))
+
+    assert [v for v in out if isinstance(v, int)] == [i for i in range(12) if i != 5]
+    (letter,) = [v for v in out if isinstance(v, DeadLetter)]
+    assert letter.record == 5 and "TimeoutError" in letter.error
+
+
+def test_failures_of_eager_attempts_are_retried_and_dead_lettered_like_any_other():
+    calls: dict[int, int] = {}
+
+    async def invoke(record):
+        calls[record] = calls.get(record, 0) + 1
+        if record % 4 == 0:
+            raise ConnectionError(f"down for {record}")  # before any await
+        return None if record % 4 == 1 else [record, record]
+
+    out = run_fed(
+        {"mode": "ordered", "capacity": 1, "retry": FixedDelay(0.0, max_attempts=2)},
+        invoke,
+        list(range(8)),
+    )
+
+    assert [v.record if isinstance(v, DeadLetter) else v for v in out] == [
+        0,
+        2,
+        2,
+        3,
+        3,
+        4,
+        6,
+        6,
+        7,
+        7,
+    ]
+    assert all(v.attempts == 2 for v in out if isinstance(v, DeadLetter))
+    assert calls == {0: 2, 1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1, 7: 1}
+
+
+def test_a_function_that_never_waits_still_lets_the_batch_deadline_fire():
+    """A run of attempts that complete without suspending yields to the loop now and
+    then, so a deadline stops the batch instead of waiting for the whole input."""
+    from microbatch.enrich import run_batch
+
+    async def busy(record):  # CPU work, no await: 2 ms each, 4 s for the whole input
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+        return record
+
+    def factory():
+        return make(busy, mode="unordered", capacity=4)
+
+    inputs = [el(i) for i in range(2000)]
+    outcome = run_batch(factory, inputs, deadline_s=time.time() + 0.3)
+
+    done = [o.value for o in outcome.outputs]
+    assert 0 < len(done) < 1000, f"{len(done)} of 2000 done by a 0.3 s deadline"
+    assert sorted(done + [p.record for p in outcome.pending]) == list(range(2000))

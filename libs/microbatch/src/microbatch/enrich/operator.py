@@ -11,6 +11,14 @@ timeout — and every attempt carries a token; a completion whose token is stale
 element settled, a retry was scheduled after it, or the operator was snapshotted) is
 counted in ``metrics.late_ignored`` and dropped. A timeout cancels any scheduled retry,
 and a retry re-checks the element before starting, so no attempt starts after a timeout.
+
+Attempts start **eagerly** inside a driver task (see ``_drive``): a new element's
+coroutine runs at once up to its first suspension, in the task that then awaits the
+rest of it. A result that is there without suspending (an in-process lookup, a cache hit)
+and that its queue would emit at once skips the queue altogether — no entry, no task, no
+timer — which makes the operator's cost per such element a few Python calls. A run of
+eager attempts yields to the loop after ``_EAGER_SLICE_S``, so timers and deadlines still
+fire even when the function never waits.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import asyncio
 import inspect
 import logging
 import time
+import types
 from collections import deque
 from collections.abc import (
     AsyncIterator,
@@ -57,6 +66,7 @@ _ON_FAILURE = ("fail", "fallback", "dead_letter")
 
 
 _STALE = asyncio.CancelledError("stale attempt")  # marker: cancelled by the operator
+_EAGER_SLICE_S = 0.01  # longest run of eager admissions between two loop steps
 _SCALARS = frozenset({int, float, str, bytes, bool, dict})
 
 
@@ -236,6 +246,9 @@ class AsyncOperator:
         self._pulling = False
         self._driving = False  # a driver task is handling an outcome right now
         self._handoff: deque[tuple[_Item, int, Coroutine[Any, Any, Any]]] = deque()
+        self._eager = not blocking and self._interval is None
+        self._slice_end = 0.0  # perf_counter time at which an eager pull pauses
+        self._paused = False  # an eager pull stopped to let the loop run; its driver resumes
         self.metrics = EnrichMetrics()
 
     # Admission ------------------------------------------------------------------------
@@ -424,30 +437,103 @@ class AsyncOperator:
         failures: int,
         first_attempt_s: float | None,
     ) -> None:
-        key = element.key
-        if self._key_of is not None:
-            try:
-                key = self._key_of(element.record)
-            except Exception as e:
-                raise EnrichmentError(
-                    f"key_of raised for {where(element.coordinates)}: {e!r}"
-                ) from e
+        key = self._key(element)
+        item = self._enqueue(loop, element, key, time.perf_counter(), failures, first_attempt_s)
+        if self._interval is None:
+            self._start_attempt(item)
+        else:
+            self._schedule_attempt(item)
+
+    def _key(self, element: Element) -> Hashable:
+        if self._key_of is None:
+            return element.key
+        try:
+            return self._key_of(element.record)
+        except Exception as e:
+            raise EnrichmentError(f"key_of raised for {where(element.coordinates)}: {e!r}") from e
+
+    def _enqueue(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        element: Element,
+        key: Hashable,
+        started: float,
+        failures: int = 0,
+        first_attempt_s: float | None = None,
+    ) -> _Item:
+        """Queue ``element`` in input order and start its timeout; no attempt yet."""
         seq = self._seq
         self._seq = seq + 1
         item = _Item(seq, key=key)
         item.element = element
         item.failures = failures
         item.first_attempt_s = first_attempt_s
-        item.started = time.perf_counter()
+        item.started = started
         self._queue.add(item)
         self.metrics.in_flight = len(self._queue)
         if self._timeout_s is not None:
             item.admitted_at = loop.time()
             item.timer = loop.call_at(item.admitted_at + self._timeout_s, self._on_timeout, item)
-        if self._interval is None:
-            self._start_attempt(item)
+        return item
+
+    def _admit_eagerly(
+        self, loop: asyncio.AbstractEventLoop, element: Element, started: float
+    ) -> None:
+        """Admit a new element by running its attempt up to its first suspension, here.
+
+        Only from a driver task with nothing handed off: if the attempt suspends, that
+        driver goes on with it next, so the function runs in one task from start to end
+        (``asyncio.current_task()``, and the timeouts built on it, stay right). A result
+        there without suspending that the queue would emit at once skips the queue.
+        """
+        key = self._key(element)
+        try:
+            attempt = self._invoke(element.record)
+        except Exception as e:  # raised before returning an awaitable: the attempt failed
+            item = self._enqueue(loop, element, key, started)
+            self._begin(item)
+            item.in_flight = False
+            self._on_error(item, e)
+            return
+        if type(attempt) is not CoroutineType:  # a future, or another coroutine type
+            item = self._enqueue(loop, element, key, started)
+            self._follow(item, self._begin(item), attempt)
+            return
+        try:
+            waiting_on = attempt.send(None)
+        except StopIteration as stop:
+            if not self._emit_at_once(element, key, stop.value, started):
+                item = self._enqueue(loop, element, key, started)
+                self._outcome(item, self._begin(item), value=stop.value)
+            return
+        except (Exception, asyncio.CancelledError) as e:
+            item = self._enqueue(loop, element, key, started)
+            self._outcome(item, self._begin(item), error=e)
+            return
+        item = self._enqueue(loop, element, key, started)
+        token = self._begin(item)
+        item.coro = attempt
+        self._handoff.append((item, token, _resumed(attempt, waiting_on)))
+
+    def _emit_at_once(self, element: Element, key: Hashable, value: Any, started: float) -> bool:
+        """Emit a result that needs no queueing (False: queue it as usual)."""
+        if self._may_retry_results or not self._queue.emits_at_once(key):
+            return False
+        if type(value) in _SCALARS:  # one result: what _normalize says, minus a list
+            self._ready.append(Output(value, element.coordinates))
         else:
-            self._schedule_attempt(item)
+            try:
+                results = _normalize(value)
+            except _InvalidResult:
+                return False
+            coordinates = element.coordinates
+            self._ready.extend([Output(v, coordinates) for v in results])
+        self._seq += 1  # its place in the input order, as if queued
+        self.metrics.completed += 1
+        self.metrics.observe_latency(time.perf_counter() - started)
+        if self._waiters:
+            self._notify()
+        return True
 
     def _schedule_attempt(self, item: _Item) -> None:
         """Start an attempt now, or at the next rate-limit slot."""
@@ -462,40 +548,55 @@ class AsyncOperator:
                 return
         self._start_attempt(item)
 
+    def _begin(self, item: _Item) -> int:
+        """Mark an attempt of ``item`` as started; its token."""
+        item.token += 1
+        item.base = item.failures
+        item.in_flight = True
+        if item.first_attempt_s is None:
+            item.first_attempt_s = time.time()
+        return item.token
+
     def _start_attempt(self, item: _Item) -> None:
         item.retry_handle = None
         if item.done or self._closed:  # timed out or snapshotted while waiting: no attempt
             return
         assert self._loop is not None and item.element is not None
-        item.token += 1
-        token = item.token
-        item.base = item.failures
-        item.in_flight = True
-        if item.first_attempt_s is None:
-            item.first_attempt_s = time.time()
+        token = self._begin(item)
         record = item.element.record
         try:
-            if self._blocking:
-                item.call = self._pool().submit(self._invoke, record)
-                future = asyncio.wrap_future(item.call, loop=self._loop)
-            else:
-                awaitable = self._invoke(record)
-                if type(awaitable) is CoroutineType or inspect.iscoroutine(awaitable):
-                    # The common case: drive the coroutine in our own task, so its outcome
-                    # is handled in the same loop step (no extra done-callback round).
-                    item.coro = awaitable
-                    if self._driving:  # a driver task will run it right after this step
-                        self._handoff.append((item, token, awaitable))
-                    else:
-                        item.task = self._loop.create_task(self._drive(item, token, awaitable))
-                    return
-                if not inspect.isawaitable(awaitable):
-                    raise _InvalidResult(
-                        f"invoke returned {type(awaitable).__name__}, not an awaitable: define "
-                        "it with `async def`, or pass blocking=True for a plain function"
-                    )
-                future = asyncio.ensure_future(awaitable)
+            if not self._blocking:
+                self._follow(item, token, self._invoke(record))
+                return
+            item.call = self._pool().submit(self._invoke, record)
+            future = asyncio.wrap_future(item.call, loop=self._loop)
         except Exception as e:  # raised before any await: the attempt failed
+            item.in_flight = False
+            self._on_error(item, e)
+            return
+        item.task = future
+        future.add_done_callback(partial(self._on_attempt_done, item, token))
+
+    def _follow(self, item: _Item, token: int, attempt: Any) -> None:
+        """See the attempt ``invoke`` returned through to its outcome."""
+        assert self._loop is not None
+        if type(attempt) is CoroutineType or inspect.iscoroutine(attempt):
+            # The common case: drive the coroutine in our own task, so its outcome is
+            # handled in the same loop step (no extra done-callback round).
+            item.coro = attempt
+            if self._driving:  # a driver task will run it right after this step
+                self._handoff.append((item, token, attempt))
+            else:
+                item.task = self._loop.create_task(self._drive(item, token, attempt))
+            return
+        try:
+            if not inspect.isawaitable(attempt):
+                raise _InvalidResult(
+                    f"invoke returned {type(attempt).__name__}, not an awaitable: define "
+                    "it with `async def`, or pass blocking=True for a plain function"
+                )
+            future = asyncio.ensure_future(attempt)
+        except Exception as e:
             item.in_flight = False
             self._on_error(item, e)
             return
@@ -530,8 +631,20 @@ class AsyncOperator:
                 error = e
             if error is not _STALE:
                 self._driving = True
+                self._slice_end = time.perf_counter() + _EAGER_SLICE_S
                 try:
                     self._outcome(item, token, value=value, error=error)
+                finally:
+                    self._driving = False
+            while self._paused and not self._handoff:
+                # An eager pull ran for a whole slice without giving the loop a chance:
+                # let timers and deadlines fire, then pull on from this task.
+                self._paused = False
+                await asyncio.sleep(0)
+                self._driving = True
+                self._slice_end = time.perf_counter() + _EAGER_SLICE_S
+                try:
+                    self._pull()
                 finally:
                     self._driving = False
             if not self._handoff:
@@ -691,9 +804,16 @@ class AsyncOperator:
             return  # an admission settled synchronously; the outer loop keeps pulling
         self._pulling = True
         try:
+            assert self._loop is not None
             while self._source is not None and not self._closed:
                 if len(self._queue) >= self._capacity:
                     return
+                eager = self._eager and self._driving and not self._handoff
+                if eager:
+                    started = time.perf_counter()
+                    if started > self._slice_end:
+                        self._paused = True  # the driver yields to the loop, then pulls on
+                        return
                 try:
                     item = next(self._source)
                 except StopIteration:
@@ -702,8 +822,9 @@ class AsyncOperator:
                     return
                 if isinstance(item, Watermark):
                     self.add_watermark(item.ts)
+                elif eager:
+                    self._admit_eagerly(self._loop, item, started)
                 else:
-                    assert self._loop is not None
                     self._admit(self._loop, item, failures=0, first_attempt_s=None)
         except Exception as e:  # the input iterator (or key_of) raised
             self._source = None
@@ -773,6 +894,31 @@ class AsyncOperator:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             _wake(waiter)
+
+
+@types.coroutine
+def _resumed(attempt: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
+    """Await ``attempt``, whose first step already ran and suspended on ``waiting_on``.
+
+    What ``await attempt`` would do from there: pass each suspension up to the task and
+    what the task sends or throws (a cancellation) down to the attempt.
+    """
+    while True:
+        try:
+            sent = yield waiting_on
+        except GeneratorExit:
+            attempt.close()
+            raise
+        except BaseException as e:
+            try:
+                waiting_on = attempt.throw(e)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                waiting_on = attempt.send(sent)
+            except StopIteration as stop:
+                return stop.value
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -10,7 +10,11 @@ a per-key mode Flink lacks. All share one small interface:
   Watermarks are *not* counted: capacity bounds outstanding I/O, and a watermark needs
   none; they are bounded by how often the caller inserts them;
 - ``pending()``       — every entry not yet emitted (watermarks included), in input order,
-  which is what a snapshot stores.
+  which is what a snapshot stores;
+- ``emits_at_once(key)`` — True if a record of ``key`` that completed the moment it was
+  added would be emitted right away: nothing it has to wait for is pending. The operator
+  then emits it without queueing it at all (its fast path for results that are ready
+  without waiting).
 
 Pure data structures: no asyncio, no threads, no locks. The operator touches them only on
 its event-loop thread (the mailbox), so no entry is ever seen half-updated.
@@ -81,6 +85,10 @@ class OrderedQueue:
     def pending(self) -> list[Entry]:
         """Every entry not yet emitted, in input order."""
         return list(self._entries)
+
+    def emits_at_once(self, key: Hashable = None) -> bool:
+        """Only with nothing queued: every earlier entry must leave first."""
+        return not self._entries
 
     def __len__(self) -> int:
         return self._records
@@ -161,6 +169,10 @@ class _SegmentedQueue:
     def __len__(self) -> int:
         return self._records
 
+    def emits_at_once(self, key: Hashable = None) -> bool:
+        """While no watermark waits: a record would join the head segment and leave."""
+        return len(self._segments) == 1 and not self._ready
+
     def _advance(self) -> None:
         """Retire emitted head segments; make the next head's emittable entries ready."""
         segments = self._segments
@@ -205,6 +217,10 @@ class KeyOrderedQueue(_SegmentedQueue):
     never holds back the others (Flink offers only all-or-nothing ordering). Watermarks
     are boundaries for all keys, as in :class:`UnorderedQueue`. Keys must be hashable.
     """
+
+    def emits_at_once(self, key: Hashable = None) -> bool:
+        """While no watermark waits and no earlier record of ``key`` is pending."""
+        return super().emits_at_once(key) and key not in self._segments[0].lanes
 
     def _on_added(self, entry: Entry) -> None:
         lanes = entry.segment.lanes
