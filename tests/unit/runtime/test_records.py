@@ -101,6 +101,23 @@ def test_each_row_becomes_one_record_or_one_dead_letter_with_its_reason() -> Non
     assert "Expecting property name" in details[0].error
 
 
+def test_repeated_keys_get_the_key_group_of_their_own_key(monkeypatch) -> None:
+    """A task remembers the bytes and key-group of string keys; what it remembers must
+    be exactly what each key gives, also once the memory is full and starts over."""
+    import microbatch.runtime.records as records
+    from microbatch.keygroups import encode_key
+
+    monkeypatch.setattr(records, "_KEYS_REMEMBERED", 3)
+    users = ["a", "b", "a", "c", "d", "a", "e", "b", "1", 1, "1"]
+    values = [json.dumps({"user": u, "ts": 5000 + i}).encode() for i, u in enumerate(users)]
+    out = StageOne(PIPE, parallelism=3, watermark=None).envelopes(kafka_batch(values))
+
+    rows = [r for r in out.to_pylist() if r["kind"] == "record"]
+    assert [(r["key"], r["key_group"]) for r in rows] == [
+        (encode_key(u), key_group(u, 16)) for u in users
+    ]
+
+
 def test_event_times_are_epoch_ms_or_iso_8601() -> None:
     assert event_time_ms(1700000000000) == 1700000000000
     assert event_time_ms("1970-01-01T00:00:01Z") == 1000

@@ -65,6 +65,7 @@ PENDING = "pending"
 STAT = "stat"
 #: Header marking a re-issued pending element among the Kafka rows of stage 1.
 PENDING_HEADER = "microbatch.pending"
+_KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
 
 class DeadLetterDetail(NamedTuple):
@@ -231,6 +232,11 @@ class StageOne:
         return source_decoder(self.pipeline)
 
     @functools.cached_property
+    def _str_keys(self) -> dict[str, tuple[bytes, int]]:
+        """(key bytes, key-group) of the string keys seen in this task: a key repeats."""
+        return {}
+
+    @functools.cached_property
     def _key_field(self) -> Any:
         """``key_by`` when it names a field (the common case, looked up inline), else None."""
         key_by = self.pipeline.key_by
@@ -248,11 +254,15 @@ class StageOne:
                 raise _Bad("bad_key", f"key_by raised {_error_text(e)}") from e
         if key is None:
             raise _Bad("missing_key", f"key_by {self.pipeline.key_by!r} gave no key")
-        try:
-            key_bytes = encode_key(key)
-        except MicrobatchError as e:
-            raise _Bad("bad_key", str(e)) from e
-        kg = key_group_of_bytes(key_bytes, self.pipeline.max_parallelism)
+        if type(key) is str:  # exactly str: no subclass, no 1 == True == 1.0 aliasing
+            known = self._str_keys.get(key)
+            if known is None:
+                if len(self._str_keys) >= _KEYS_REMEMBERED:
+                    self._str_keys.clear()
+                known = self._str_keys[key] = self._key_and_group(key)
+            key_bytes, kg = known
+        else:
+            key_bytes, kg = self._key_and_group(key)
         ts = None
         et = self.pipeline.event_time
         if et is not None:
