@@ -281,6 +281,13 @@ class StageOne:
                 )
         return key_bytes, kg, ts
 
+    def _key_and_group(self, key: Any) -> tuple[bytes, int]:
+        try:
+            key_bytes = encode_key(key)
+        except MicrobatchError as e:
+            raise _Bad("bad_key", str(e)) from e
+        return key_bytes, key_group_of_bytes(key_bytes, self.pipeline.max_parallelism)
+
     def decode(self, value: bytes | None) -> Any:
         if value is None:
             raise _Bad("undecodable", "record has no value (tombstone)")
