@@ -11,8 +11,9 @@
    (up to the data interval's end and the limits) and store the plan *before* any work.
 3. **Execute** on Spark — stage 1 (``mapInArrow``): read the exact ranges (Spark's JVM
    Kafka source or kafka-python), decode, key, route; materialised once, its statistics
-   give the batch watermark. Stage 2 (``repartitionById`` + ``groupBy('instance')
-   .applyInArrow``; one task per instance without a shuffle when there is no input):
+   give the batch watermark. Stage 2 (``repartitionById`` on the instance, then
+   ``mapInArrow`` over each whole partition; one task per instance without a shuffle
+   when there is no input):
    every operator instance restores its key-groups, processes its keys, fires timers,
    writes its state file and stages its sink output.
 4. **Commit** — create the manifest (exclusive create): offsets of every partition,
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from microbatch.checkpoint import (
@@ -435,18 +437,27 @@ class BatchRunner:
         had no input) and fires its due timers, one group per instance."""
         from pyspark.sql import functions as F
 
-        def per_instance(key: Any, table: Any) -> Any:  # a plain function: Spark counts args
-            return stage(key, table)
+        def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            received = list(batches)
+            table = pa.Table.from_batches(received) if received else None
+            instances = [] if table is None else pc.unique(table.column("instance")).to_pylist()
+            if len(instances) != 1 or table is None:  # every partition holds its tick
+                raise BatchError(
+                    f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a stage-2 "
+                    f"partition holds instances {sorted(instances)}, expected exactly one"
+                )
+            yield from stage((instances[0],), table).to_batches()
 
         if envelopes is None:
             out = self._ticks_only(stage, parallelism)
         else:
             ticks = self.spark.createDataFrame(_ticks(range(parallelism)).to_pandas())
             rows = envelopes.filter(F.col("kind").isin(RECORD, DEAD_LETTER)).unionByName(ticks)
-            out = (  # partition i holds instance i: a hash could put two in one task
+            # Partition i holds instance i (a hash could put two in one task), and all of
+            # it: mapInArrow over it is the group, without the sort a groupBy adds.
+            out = (
                 rows.repartitionById(parallelism, "instance")
-                .groupBy("instance")
-                .applyInArrow(per_instance, RESULT_DDL)
+                .mapInArrow(per_instance, RESULT_DDL)
                 .collect()
             )
         results = [json.loads(r["result"]) for r in out]

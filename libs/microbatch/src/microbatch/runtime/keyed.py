@@ -119,7 +119,7 @@ def snapshot_from_json(body: dict[str, Any]) -> InstanceSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class StageTwo:
-    """The picklable per-instance function of ``groupBy('instance').applyInArrow``."""
+    """The picklable per-instance function of stage 2: ``(instance,)`` and all its rows."""
 
     pipeline: Pipeline
     settings: Settings
