@@ -53,7 +53,6 @@ from microbatch.checkpoint import (
 )
 from microbatch.errors import BatchError, CheckpointError, ConfigError, MicrobatchError
 from microbatch.kafka import (
-    KAFKA_SCHEMA,
     BatchLimits,
     BatchPlan,
     KafkaBrokerView,
@@ -82,8 +81,8 @@ from microbatch.runtime.records import (
     DEAD_LETTER,
     ENVELOPE_SCHEMA,
     PENDING,
-    PENDING_HEADER,
     RECORD,
+    SOURCE_COLUMNS,
     STAT,
     ReadingStageOne,
     StageOne,
@@ -350,7 +349,8 @@ class BatchRunner:
         envelopes = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
-            envelopes = envelopes.unionByName(rows.mapInArrow(process, envelope_type))
+            reissue = dataclasses.replace(process, reissued=True)
+            envelopes = envelopes.unionByName(rows.mapInArrow(reissue, envelope_type))
         return envelopes.persist()
 
     #: The reader of the last :meth:`stage_one`: "spark" (the JVM Kafka source), "python"
@@ -377,30 +377,28 @@ class BatchRunner:
             )
             if self.stage_one_reader == "spark":
                 rows = read_ranges_spark(self.spark, bootstrap, plan.ranges, view=self.broker())
-                return rows.mapInArrow(process, envelope_type)
+                # Only the columns stage 1 reads cross from the JVM to Python.
+                return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type)
             descriptors = range_descriptors(self.spark, plan.ranges)
         if descriptors is None:
             return self.spark.createDataFrame([], envelope_type)
         return descriptors.mapInArrow(ReadingStageOne(process, bootstrap), envelope_type)
 
     def load_pending(self, base: Manifest | None) -> pa.Table | None:
-        """Enrichment inputs the last batch left unfinished, as Kafka-shaped rows."""
+        """Enrichment inputs the last batch left unfinished, as stage-1 input rows (the
+        :data:`SOURCE_COLUMNS`; ``value`` holds each pending element's bytes)."""
         ref = (base.metadata if base else {}).get("enrich_pending")
         if not ref:
             return None
         data = ipc.open_file(io.BytesIO(self.store.get(ref["file"]))).read_all()
-        n = data.num_rows
         return pa.table(
             {
-                "key": pa.nulls(n, pa.binary()),
-                "value": data.column("payload"),
                 "topic": data.column("topic"),
                 "partition": data.column("partition"),
                 "offset": data.column("offset"),
-                "timestamp": pa.array([0] * n, pa.int64()),
-                "headers": [[{"key": PENDING_HEADER, "value": b"1"}]] * n,
-            },
-            schema=KAFKA_SCHEMA,
+                "key": pa.nulls(data.num_rows, pa.binary()),
+                "value": data.column("payload"),
+            }
         )
 
     def save_pending(self, envelopes: Any, batch_id: int) -> dict[str, Any] | None:

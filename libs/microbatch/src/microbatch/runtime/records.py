@@ -63,8 +63,8 @@ DEAD_LETTER = "dead_letter"
 PENDING = "pending"
 #: One per task and source partition: ``offset`` holds how many inputs it consumed.
 STAT = "stat"
-#: Header marking a re-issued pending element among the Kafka rows of stage 1.
-PENDING_HEADER = "microbatch.pending"
+#: The Kafka columns stage 1 reads (of ``KAFKA_SCHEMA``): a reader may send only these.
+SOURCE_COLUMNS = ("topic", "partition", "offset", "key", "value")
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
 
@@ -220,6 +220,9 @@ class StageOne:
     parallelism: int
     watermark: int | None
     crash_at: str | None = None
+    #: The rows are the pending elements of the last checkpoint (``value`` holds each
+    #: one's bytes), re-issued first, in their own tasks, not Kafka records.
+    reissued: bool = False
 
     @functools.cached_property
     def _instance_of(self) -> tuple[int, ...]:
@@ -329,8 +332,7 @@ class StageOne:
         """Decode a whole task's rows, enrich them until the deadline, key the results.
 
         Inputs not enriched by the deadline become ``pending`` rows (re-issued next
-        batch); a pending element re-issued from the last checkpoint arrives as a Kafka
-        row with the :data:`PENDING_HEADER` header."""
+        batch, through a :attr:`reissued` stage)."""
         from microbatch.enrich import Element, PendingElement, run_batch
 
         enrich = self.pipeline.enrich
@@ -344,14 +346,9 @@ class StageOne:
         with gc_paused():
             for batch in batches:
                 topics, parts, offs, rkeys, rvalues = _source_columns(batch)
-                marked = _pending_rows(batch)
-                if marked:  # re-issued pending elements: set them apart
-                    for i in sorted(marked):
-                        pending.append(PendingElement.from_bytes(rvalues[i]))
-                    keep = [i for i in range(len(topics)) if i not in marked]
-                    topics, parts, offs, rkeys, rvalues = (
-                        [c[i] for i in keep] for c in (topics, parts, offs, rkeys, rvalues)
-                    )
+                if self.reissued:  # no new input: restored ahead of everything, in order
+                    pending.extend(PendingElement.from_bytes(v) for v in rvalues)
+                    continue
                 inputs.update(zip(topics, parts, strict=True))
                 sources.add(topics, parts, offs, rkeys, rvalues)
                 for topic, part, off, rkey, rvalue in zip(
@@ -439,21 +436,7 @@ class ReadingStageOne:
 
 def _source_columns(batch: pa.RecordBatch) -> tuple[list[Any], ...]:
     """(topic, partition, offset, key, value) of Kafka rows, as Python lists."""
-    return tuple(
-        batch.column(name).to_pylist() for name in ("topic", "partition", "offset", "key", "value")
-    )
-
-
-def _pending_rows(batch: pa.RecordBatch) -> set[int]:
-    """Positions of the rows marked with :data:`PENDING_HEADER` (none in plain Kafka data)."""
-    headers = batch.column("headers")
-    if not len(headers.flatten()):  # no headers in the whole batch: the common case
-        return set()
-    return {
-        i
-        for i, hs in enumerate(headers.to_pylist())
-        if any(h["key"] == PENDING_HEADER for h in hs or ())
-    }
+    return tuple(batch.column(name).to_pylist() for name in SOURCE_COLUMNS)
 
 
 class _SourceBytes:
