@@ -91,6 +91,19 @@ def _copy(entry: Any) -> Any:
     return entry
 
 
+def key_runs(keys: pa.ChunkedArray | pa.Array) -> list[tuple[int, int]]:
+    """``[start, end)`` of each key's run of rows in a sorted, non-null key column: found
+    by Arrow in C (each key compared with the one before), not by a Python scan."""
+    n = len(keys)
+    if n == 0:
+        return []
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    changed = pc.not_equal(keys.slice(1), keys.slice(0, n - 1))
+    starts = [0, *(pc.indices_nonzero(changed).to_numpy() + 1).tolist()]
+    return list(zip(starts, [*starts[1:], n], strict=True))
+
+
 def snapshot_to_json(snap: InstanceSnapshot) -> dict[str, Any]:
     return {
         "index": snap.index,
@@ -208,17 +221,15 @@ class StageTwo:
         recs = table.filter(pc.equal(table.column("kind"), RECORD))
         recs = recs.sort_by([(c, "ascending") for c in ("key", *SOURCE_ORDER)])
         cols = recs.select(["key", "key_group", "topic", "partition", "offset", "payload"])
+        runs = key_runs(recs.column("key"))
         cols = cols.to_pydict()
-        n = len(cols["key"])
+        keys, key_groups, payloads = cols["key"], cols["key_group"], cols["payload"]
+        n = len(keys)
         stats["records"] = n
         decode = payload_decoder(pipeline)
-        i = 0
-        while i < n:
-            key_bytes, kg = cols["key"][i], cols["key_group"][i]
-            j = i
-            while j < n and cols["key"][j] == key_bytes:
-                j += 1
-            records = [decode(p) for p in cols["payload"][i:j]]
+        for i, j in runs:
+            key_bytes, kg = keys[i], key_groups[i]
+            records = [decode(p) for p in payloads[i:j]]
             key = decode_key(key_bytes)
             backup = (
                 _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None
@@ -244,7 +255,6 @@ class StageTwo:
             else:
                 emit_all(ctx)
             stats["keys"] += 1
-            i = j
 
         # Step 3: timers.
         def on_timer(key_ctx: Any, ts: int) -> None:
