@@ -758,6 +758,7 @@ def test_an_attempt_runs_in_one_task_from_start_to_end():
 
     async def invoke(record):
         before = asyncio.current_task()
+        await asyncio.sleep(0)  # a bare yield to the loop (no future) first
         async with asyncio.timeout(5):
             await asyncio.sleep(0.004 if record % 4 == 0 else 0.001)
         seen[record] = (before, asyncio.current_task())
