@@ -80,7 +80,7 @@ def seconds_note(batches: list[Batch]) -> str:
     def mid(step: str) -> float:
         return statistics.median(b.result["seconds"].get(step, 0) for b in batches)
 
-    steps = ("spark", "plan", "read", "process", "publish")
+    steps = ("spark", "plan", "execute", "publish")
     return f"in batch {mid('total'):.2f} s: " + ", ".join(f"{s} {mid(s):.2f}" for s in steps)
 
 

@@ -1,10 +1,25 @@
-"""Stage 2's pure helpers (the instance run itself is tested on Spark)."""
+"""Stage 2's pure parts (the instance run itself is tested on Spark)."""
 
 from __future__ import annotations
 
-import pyarrow as pa
+import dataclasses
+from collections import Counter
 
-from microbatch.runtime.keyed import key_runs
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from microbatch.errors import BatchError
+from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pipeline
+from microbatch.runtime.batch import _agreed_stage_one
+from microbatch.runtime.keyed import StageTwo, key_runs
+from microbatch.runtime.records import ENVELOPE_SCHEMA, EnvelopeBuilder
+from microbatch.settings import Settings
+
+
+class Noop(KeyedProcessFunction):
+    def process(self, key, records, ctx) -> None:
+        pass
 
 
 def test_key_runs_are_the_row_ranges_of_equal_keys() -> None:
@@ -20,3 +35,61 @@ def test_key_runs_reads_across_chunks_and_edge_cases() -> None:
     assert key_runs(pa.array([b"x"], pa.binary())) == [(0, 1)]
     assert key_runs(pa.array([], pa.binary())) == []
     assert key_runs(pa.chunked_array([], pa.binary())) == []
+
+
+def _stage_two(**event_time: float) -> StageTwo:
+    pipe = Pipeline(
+        name="p",
+        source=KafkaSource(topics=("t",)),
+        key_by="user",
+        process=Noop(),
+        checkpoints="/tmp/x",
+        event_time=EventTime(field="ts", **event_time),
+        max_parallelism=16,
+        parallelism=2,
+    )
+    return StageTwo(pipe, Settings.from_env(), 3, 2, None, None, 1_000_000, full=True)
+
+
+def _stage_one_rows(*tasks: list[tuple[int, int]]) -> pa.Table:
+    """What stage 1 hands instance 0: each task's rows (partition, event time), all routed
+    to it, and the task's ``stat`` rows meant for it (each instance gets its own copy)."""
+    batches = []
+    for rows in tasks:
+        out = EnvelopeBuilder()
+        for off, (part, ts) in enumerate(rows):
+            out.record("t", part, off, 0, 0, 0, b"k", ts, b"{}")
+        batches.append(out.build(Counter(("t", p) for p, _ in rows), parallelism=2))
+    table = pa.Table.from_batches(batches, schema=ENVELOPE_SCHEMA)
+    return table.filter(pc.equal(table.column("instance"), 0))
+
+
+def test_every_instance_gets_the_batch_watermark_from_the_stat_rows() -> None:
+    """Stage 1 and 2 are one Spark job: an instance learns the watermark from the stat
+    rows alone; partitions split over tasks take their max, the pipeline the min."""
+    table = _stage_one_rows([(0, 5_000), (1, 9_000)], [(0, 7_000), (0, 6_000)])
+
+    totals, watermark = _stage_two(allowed_lateness_s=1).stage_one(table)
+
+    assert watermark == 7_000 - 1_000  # min(t/0: 7000, t/1: 9000) - lateness
+    assert totals["max_event"] == {"t/0": 7_000, "t/1": 9_000}
+    assert totals["inputs"] == totals["records"] == 4
+
+
+def test_an_instance_without_stat_rows_keeps_the_watermark_it_started_with() -> None:
+    ticks_only = _stage_one_rows()
+    stage = dataclasses.replace(
+        _stage_two(),
+        event_time={"watermark": 4_000, "partitions": {"t/0": [5_000, 1_000_000]}},
+    )
+
+    assert stage.stage_one(ticks_only)[1] == 5_000  # t/0 is still active: its max counts
+
+
+def test_instances_that_saw_different_stage_one_output_commit_nothing() -> None:
+    same = {"stage_one": {"inputs": 4}, "watermark": 6_000}
+    assert _agreed_stage_one("pipeline 'p' batch 3", [same, same]) == {"inputs": 4}
+
+    other = {"stage_one": {"inputs": 5}, "watermark": 6_000}
+    with pytest.raises(BatchError, match=r"pipeline 'p' batch 3: .* nothing was committed"):
+        _agreed_stage_one("pipeline 'p' batch 3", [same, other])

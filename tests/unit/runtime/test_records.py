@@ -20,11 +20,14 @@ from microbatch.runtime import (
 )
 from microbatch.runtime.records import (
     DeadLetterDetail,
+    PartitionStats,
     StageOne,
     decode_payload,
     encode_payload,
     event_time_ms,
     fast_json_decoder,
+    partition_stats,
+    stage_one_totals,
 )
 from microbatch.state.codec import CodecError, decode_value, encode_value
 
@@ -77,7 +80,15 @@ def test_each_row_becomes_one_record_or_one_dead_letter_with_its_reason() -> Non
     out = StageOne(PIPE, parallelism=3, watermark=1000).envelopes(kafka_batch(values))
     rows = [r for r in out.to_pylist() if r["kind"] != "stat"]
     stats = [r for r in out.to_pylist() if r["kind"] == "stat"]
-    assert [(s["topic"], s["partition"], s["offset"]) for s in stats] == [("t", 1, 8)]
+    # Every instance gets the partition's counts: it computes the watermark from them.
+    assert [(s["topic"], s["partition"], s["instance"]) for s in stats] == [
+        ("t", 1, 0),
+        ("t", 1, 1),
+        ("t", 1, 2),
+    ]
+    assert {partition_stats(s["payload"]) for s in stats} == {
+        PartitionStats(inputs=8, records=1, dead_letters=7, pending=0, max_event=5000)
+    }
     assert [r["offset"] for r in rows] == list(range(100, 108))
     details = [DeadLetterDetail.from_payload(r["payload"]) for r in rows[1:]]
     kinds = [("record", None)] + [("dead_letter", d.reason) for d in details]
@@ -183,3 +194,28 @@ def test_fast_json_decoder_gives_json_loads_results_and_errors() -> None:
                 fast_json_decoder(raw)
         else:
             assert repr(fast_json_decoder(raw)) == repr(expected), raw
+
+
+def test_stage_one_totals_add_up_partitions_split_over_tasks() -> None:
+    """Two tasks read halves of t/0 (and one saw only dead letters of t/1): counts add
+    up per partition, event times take the max, a partition without records has none."""
+    totals = stage_one_totals(
+        [
+            ("t", 0, PartitionStats(10, 8, 1, 1, 5_000)),
+            ("t", 0, PartitionStats(5, 5, 0, 0, 7_000)),
+            ("t", 1, PartitionStats(3, 0, 3, 0, None)),
+            ("t", 0, PartitionStats(0, 2, 0, 0, 6_000)),  # re-issued pending elements
+        ]
+    )
+    assert totals == {
+        "inputs": 18,
+        "records": 15,
+        "dead": 4,
+        "pending": 1,
+        "max_event": {"t/0": 7_000},
+        "per_partition": {
+            "t/0": {"inputs": 15, "records": 15, "dead_letters": 1},
+            "t/1": {"inputs": 3, "records": 0, "dead_letters": 3},
+        },
+    }
+    assert stage_one_totals([])["max_event"] == {}

@@ -331,8 +331,8 @@ def run_demo(
         s = r["seconds"]
         print(
             f"  batch {r['batch_id']}  P={r['parallelism']}  {r['records_in']:>6,} in  "
-            f"{r['outputs'].get('sessions', 0):>5,} sessions  read {s.get('read', 0):.1f} s  "
-            f"process {s.get('process', 0):.1f} s  total {s['total']:.1f} s  ({label})"
+            f"{r['outputs'].get('sessions', 0):>5,} sessions  "
+            f"spark job {s.get('execute', 0):.1f} s  total {s['total']:.1f} s  ({label})"
         )
     print(f"exactly-once check (reference: {len(expected):,} closed sessions, plain Python):")
     ok = check("Parquet (committed)", parquet) & check("Kafka (read_committed)", kafka)

@@ -9,13 +9,14 @@
 2. **Plan** — reuse the stored plan of this batch if an earlier attempt wrote one (so a
    rerun reads the same records at the same parallelism); else plan the offset ranges
    (up to the data interval's end and the limits) and store the plan *before* any work.
-3. **Execute** on Spark — stage 1 (``mapInArrow``): read the exact ranges (Spark's JVM
-   Kafka source or kafka-python), decode, key, route; materialised once, its statistics
-   give the batch watermark. Stage 2 (``repartitionById`` on the instance, then
-   ``mapInArrow`` over each whole partition; one task per instance without a shuffle
-   when there is no input):
-   every operator instance restores its key-groups, processes its keys, fires timers,
-   writes its state file and stages its sink output.
+3. **Execute** on Spark, one job — stage 1 (``mapInArrow``): read the exact ranges
+   (Spark's JVM Kafka source or kafka-python), decode, enrich, key, route, and count
+   (``stat`` rows, a copy for every instance). Stage 2 (``repartitionById`` on the
+   instance, then ``mapInArrow`` over each whole partition; one task per instance
+   without a shuffle when there is no input): every operator instance computes the
+   batch watermark from the ``stat`` rows, restores its key-groups, processes its keys,
+   fires timers, writes its state file and stages its sink output. Nothing is
+   materialised between the stages: the shuffle is the only copy.
 4. **Commit** — create the manifest (exclusive create): offsets of every partition,
    key-group index, watermark, staged output, stats. The single commit point.
 5. **Publish** — make staged output visible (Parquet commit entries; one Kafka
@@ -27,6 +28,7 @@ A crash anywhere, then a rerun, gives the outputs and state of a run without the
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import io
@@ -78,12 +80,8 @@ from microbatch.runtime.pipeline import (
     check_parallelism_for,
 )
 from microbatch.runtime.records import (
-    DEAD_LETTER,
     ENVELOPE_SCHEMA,
-    PENDING,
-    RECORD,
     SOURCE_COLUMNS,
-    STAT,
     ReadingStageOne,
     StageOne,
 )
@@ -333,9 +331,8 @@ class BatchRunner:
         crash_at: str | None,
         pending: pa.Table | None,
     ) -> Any:
-        """The envelope rows of stage 1, persisted (read once, used by the statistics and by
-        stage 2). With nothing to read — no range, no pending element — an empty frame and
-        no Spark job at all; stage 2 still runs every instance (timers fire).
+        """The envelope rows of stage 1 (a DataFrame, not yet computed: stage 2's job runs
+        it), for a batch with input (:func:`_has_input`).
 
         The planned ranges are read by the reader :meth:`read_planned` picks, recorded in
         :attr:`stage_one_reader`; both give the same Kafka rows to the same processing."""
@@ -343,15 +340,13 @@ class BatchRunner:
 
         envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
         self.stage_one_reader = None
-        if not _has_input(plan, pending):
-            return self.spark.createDataFrame([], envelope_type)
         process = StageOne(self.pipeline, parallelism, watermark, crash_at)
         envelopes = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
             reissue = dataclasses.replace(process, reissued=True)
             envelopes = envelopes.unionByName(rows.mapInArrow(reissue, envelope_type))
-        return envelopes.persist()
+        return envelopes
 
     #: The reader of the last :meth:`stage_one`: "spark" (the JVM Kafka source), "python"
     #: (kafka-python) or None (nothing to read).
@@ -401,27 +396,20 @@ class BatchRunner:
             }
         )
 
-    def save_pending(self, envelopes: Any, batch_id: int) -> dict[str, Any] | None:
-        from pyspark.sql import functions as F
-
-        rows = (
-            envelopes.filter(F.col("kind") == PENDING)
-            .select("topic", "partition", "offset", "payload")
-            .orderBy("topic", "partition", "offset")
-            .collect()
-        )
+    def save_pending(self, results: list[dict], batch_id: int) -> dict[str, Any] | None:
+        """The pending enrichment inputs the instances handed back, in source order, as one
+        Arrow file of the checkpoint (``load_pending`` reads it next batch)."""
+        rows = sorted(tuple(p) for r in results for p in r["pending"])
         if not rows:
             return None
-        table = pa.Table.from_pylist(
-            [r.asDict() for r in rows],
-            schema=pa.schema(
-                [
-                    ("topic", pa.string()),
-                    ("partition", pa.int32()),
-                    ("offset", pa.int64()),
-                    ("payload", pa.binary()),
-                ]
-            ),
+        topics, parts, offsets, payloads = zip(*rows, strict=True)
+        table = pa.table(
+            {
+                "topic": pa.array(topics, pa.string()),
+                "partition": pa.array(parts, pa.int32()),
+                "offset": pa.array(offsets, pa.int64()),
+                "payload": pa.array([base64.b64decode(p) for p in payloads], pa.binary()),
+            }
         )
         buf = io.BytesIO()
         with ipc.new_file(buf, table.schema) as writer:
@@ -431,9 +419,9 @@ class BatchRunner:
         return {"file": key, "count": table.num_rows}
 
     def stage_two(self, envelopes: Any, stage: StageTwo, parallelism: int) -> list[dict]:
-        """Every operator instance processes its records (``envelopes``; None when stage 1
-        had no input) and fires its due timers, one group per instance."""
-        from pyspark.sql import functions as F
+        """Every operator instance processes its records (``envelopes``, stage 1's rows;
+        None when stage 1 had no input) and fires its due timers, one group per instance;
+        the one Spark job of the batch."""
 
         def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             received = list(batches)
@@ -450,7 +438,7 @@ class BatchRunner:
             out = self._ticks_only(stage, parallelism)
         else:
             ticks = self.spark.createDataFrame(_ticks(range(parallelism)).to_pandas())
-            rows = envelopes.filter(F.col("kind").isin(RECORD, DEAD_LETTER)).unionByName(ticks)
+            rows = envelopes.unionByName(ticks)
             # Partition i holds instance i (a hash could put two in one task), and all of
             # it: mapInArrow over it is the group, without the sort a groupBy adds.
             out = (
@@ -545,34 +533,33 @@ class BatchRunner:
         # Step 3: execute. Spark starts here if it has not yet (a dry run never starts it).
         _ = self.spark
         t = lap("spark", t)
-        wm_state = WatermarkState.from_json((base.metadata if base else {}).get("event_time"))
+        wm_before = WatermarkState.from_json((base.metadata if base else {}).get("event_time"))
         pending_in = self.load_pending(base)
-        envelopes = self.stage_one(plan, parallelism, wm_state.watermark, crash_at, pending_in)
-        try:
-            stats = _stage_one_stats(envelopes if _has_input(plan, pending_in) else None)
-            pending_out = self.save_pending(envelopes, batch_id) if stats["pending"] else None
-            t = lap("read", t)
-            if self.pipeline.event_time is not None:
-                wm_state = advance(
-                    wm_state, stats["max_event"], plan.created_at, self.pipeline.event_time
-                )
-            full = should_write_full(base, batch_id, self.pipeline.full_checkpoint_every)
-            stage = StageTwo(
-                pipeline=self.pipeline,
-                settings=self.settings,
-                batch_id=batch_id,
-                parallelism=parallelism,
-                base_manifest=None if base is None else base.to_json(),
-                watermark=wm_state.watermark,
-                processing_time_ms=plan.created_at,
-                full=full,
-                crash_at=crash_at,
-            )
-            has_input = _has_input(plan, pending_in)
-            results = self.stage_two(envelopes if has_input else None, stage, parallelism)
-        finally:
-            envelopes.unpersist()
-        t = lap("process", t)
+        has_input = _has_input(plan, pending_in)
+        full = should_write_full(base, batch_id, self.pipeline.full_checkpoint_every)
+        stage = StageTwo(
+            pipeline=self.pipeline,
+            settings=self.settings,
+            batch_id=batch_id,
+            parallelism=parallelism,
+            base_manifest=None if base is None else base.to_json(),
+            event_time=wm_before.to_json(),
+            processing_time_ms=plan.created_at,
+            full=full,
+            crash_at=crash_at,
+        )
+        envelopes = (
+            self.stage_one(plan, parallelism, wm_before.watermark, crash_at, pending_in)
+            if has_input
+            else None
+        )
+        results = self.stage_two(envelopes, stage, parallelism)
+        t = lap("execute", t)
+        stats = _agreed_stage_one(where, results)
+        wm_state = wm_before
+        if (event_time := self.pipeline.event_time) is not None:
+            wm_state = advance(wm_state, stats["max_event"], plan.created_at, event_time)
+        pending_out = self.save_pending(results, batch_id) if stats["pending"] else None
         crash_if(crash_at, "after_sink_staging", where)
 
         # Dead-letter threshold, before anything commits.
@@ -887,47 +874,18 @@ def _has_input(plan: BatchPlan, pending: pa.Table | None) -> bool:
     return bool(plan.ranges) or (pending is not None and pending.num_rows > 0)
 
 
-def _stage_one_stats(envelopes: Any) -> dict[str, Any]:
-    """Counts per kind and partition and max event time per partition; all zeros, with
-    no Spark job, for ``None`` (stage 1 had nothing to read)."""
-    from pyspark.sql import functions as F
-
-    rows = []
-    if envelopes is not None:
-        rows = (
-            envelopes.groupBy("kind", "topic", "partition")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.max("event_ts").alias("max_event"),
-                F.sum("offset").alias("offset_sum"),
-            )
-            .collect()
+def _agreed_stage_one(where: str, results: list[dict]) -> dict[str, Any]:
+    """Stage 1's totals, which every instance computed from the same ``stat`` rows. They
+    differ only if Spark re-ran a stage-1 task whose output was not the same (enrichment
+    deadlines) after some instances had read it: then this attempt commits nothing."""
+    totals = [(r["stage_one"], r["watermark"]) for r in results]
+    if any(t != totals[0] for t in totals[1:]):
+        raise BatchError(
+            f"{where}: the operator instances saw different stage-1 results (a stage-1 "
+            "task ran twice with different output); nothing was committed, run the batch "
+            "again"
         )
-    out: dict[str, Any] = {
-        "inputs": 0,
-        "records": 0,
-        "dead": 0,
-        "pending": 0,
-        "max_event": {},
-        "per_partition": {},
-    }
-    for r in rows:
-        name = partition_name(r["topic"], r["partition"])
-        per = out["per_partition"].setdefault(name, {"inputs": 0, "records": 0, "dead_letters": 0})
-        if r["kind"] == STAT:
-            out["inputs"] += r["offset_sum"]
-            per["inputs"] += r["offset_sum"]
-        elif r["kind"] == PENDING:
-            out["pending"] += r["n"]
-        elif r["kind"] == RECORD:
-            out["records"] += r["n"]
-            per["records"] += r["n"]
-            if r["max_event"] is not None:
-                out["max_event"][name] = r["max_event"]
-        else:
-            out["dead"] += r["n"]
-            per["dead_letters"] += r["n"]
-    return out
+    return totals[0][0]
 
 
 def _ship_user_code(pipeline: Pipeline) -> None:

@@ -1,16 +1,21 @@
 """Stage 2 of a batch, one call per operator instance: keyed processing and staging.
 
-Instance ``i`` of ``P`` gets every envelope row routed to it (its key-groups' records and
-the dead letters it stages) plus one ``tick`` row, so it runs even without input and its
-timers fire. In order:
+Instance ``i`` of ``P`` gets every envelope row routed to it (its key-groups' records, the
+dead letters it stages, the pending enrichment inputs it hands back to the driver), a copy
+of every ``stat`` row of stage 1, and one ``tick`` row, so it runs even without input and
+its timers fire. Stage 1 and stage 2 are one Spark job (nothing is materialised between
+them), so the instance computes the batch watermark itself from the ``stat`` rows: every
+instance sees the same rows and gets the same watermark. In order:
 
-1. restore its key-groups from the base checkpoint (only their byte ranges);
+1. restore its key-groups from the base checkpoint (only their byte ranges); advance the
+   watermark from the ``stat`` rows;
 2. call ``process(key, records)`` per key, keys in key-byte order, each key's records by
    (topic, partition, offset, seq) — a deterministic order, so a rerun computes the same;
 3. advance the watermark: ``on_timer`` for each due timer, in timestamp order;
 4. write its state file (full or only changed key-groups);
 5. stage each sink's output at deterministic keys;
-6. return a JSON summary (state snapshot, staged files, stats) for the driver's manifest.
+6. return a JSON summary (state snapshot, staged files, stats, stage-1 totals, watermark,
+   pending elements) for the driver's manifest.
 
 The state clock is the batch's recorded processing time, not the wall clock, so TTL
 expiry is the same on every rerun.
@@ -18,6 +23,7 @@ expiry is the same on every rerun.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import time
@@ -38,11 +44,16 @@ from microbatch.runtime.pipeline import DEAD_LETTER_SINK, KafkaSink, ParquetSink
 from microbatch.runtime.process import ProcessContext
 from microbatch.runtime.records import (
     DEAD_LETTER,
+    PENDING,
     RECORD,
+    STAT,
     DeadLetterDetail,
     gc_paused,
+    partition_stats,
     payload_decoder,
+    stage_one_totals,
 )
+from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.settings import Settings
 from microbatch.sinks import kafka as kafka_sink
 from microbatch.sinks import parquet as parquet_sink
@@ -139,7 +150,8 @@ class StageTwo:
     batch_id: int
     parallelism: int
     base_manifest: bytes | None
-    watermark: int | None
+    #: The event-time state the batch starts with (``WatermarkState.to_json``).
+    event_time: dict[str, Any] | None
     processing_time_ms: int
     full: bool
     crash_at: str | None = None
@@ -165,9 +177,28 @@ class StageTwo:
         backend, stats = restore_instance(store, base, self.parallelism, instance, clock=clock)
         return backend, {"requests": stats.requests, "bytes": stats.bytes_read}
 
+    def stage_one(self, table: pa.Table) -> tuple[dict[str, Any], int | None]:
+        """The batch's stage-1 totals (from the ``stat`` rows every instance receives) and
+        the watermark they advance the batch to (None without event time)."""
+        stat = table.filter(pc.equal(table.column("kind"), STAT))
+        cols = stat.select(["topic", "partition", "payload"]).to_pydict()
+        totals = stage_one_totals(
+            (topic, part, partition_stats(payload))
+            for topic, part, payload in zip(
+                cols["topic"], cols["partition"], cols["payload"], strict=True
+            )
+        )
+        state = WatermarkState.from_json(self.event_time)
+        if self.pipeline.event_time is not None:
+            state = advance(
+                state, totals["max_event"], self.processing_time_ms, self.pipeline.event_time
+            )
+        return totals, state.watermark
+
     def run(self, instance: int, table: pa.Table) -> dict[str, Any]:
         t0 = time.perf_counter()
         pipeline = self.pipeline
+        totals, watermark = self.stage_one(table)
         store = open_store(pipeline.checkpoints, self.settings)
         backend, restored = self.restore(store, instance)
         t_restore = time.perf_counter()
@@ -234,7 +265,7 @@ class StageTwo:
             backup = (
                 _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None
             )
-            ctx = ProcessContext(backend.for_key(key), self.watermark, self.processing_time_ms)
+            ctx = ProcessContext(backend.for_key(key), watermark, self.processing_time_ms)
             try:
                 pipeline.process.process(key, records, ctx)
             except Exception as e:
@@ -259,7 +290,7 @@ class StageTwo:
         # Step 3: timers.
         def on_timer(key_ctx: Any, ts: int) -> None:
             stats["timers_fired"] += 1
-            ctx = ProcessContext(key_ctx, self.watermark, self.processing_time_ms)
+            ctx = ProcessContext(key_ctx, watermark, self.processing_time_ms)
             backup = None
             if pipeline.on_process_error != "fail":
                 backup = _KeyBackup(backend, key_ctx.key_group, key_ctx.key_bytes)
@@ -278,8 +309,8 @@ class StageTwo:
             else:
                 emit_all(ctx)
 
-        if self.watermark is not None:
-            backend.advance_watermark(self.watermark, on_timer)
+        if watermark is not None:
+            backend.advance_watermark(watermark, on_timer)
         t_process = time.perf_counter()
 
         # Step 4: state file.
@@ -320,6 +351,9 @@ class StageTwo:
             stats[f"out.{name}"] = len(rows)
         return {
             "instance": instance,
+            "stage_one": totals,
+            "watermark": watermark,
+            "pending": pending_rows(table),
             "snapshot": snapshot_to_json(snap),
             "staged": staged,
             "stats": dict(stats),
@@ -331,6 +365,20 @@ class StageTwo:
                 "stage": round(t_stage - t_state, 4),
             },
         }
+
+
+def pending_rows(table: pa.Table) -> list[list[Any]]:
+    """The pending enrichment inputs routed to this instance, as JSON-ready
+    ``[topic, partition, offset, base64 payload]``, for the driver to store in the
+    checkpoint."""
+    rows = table.filter(pc.equal(table.column("kind"), PENDING))
+    cols = rows.select(["topic", "partition", "offset", "payload"]).to_pydict()
+    return [
+        [topic, part, off, base64.b64encode(payload).decode("ascii")]
+        for topic, part, off, payload in zip(
+            cols["topic"], cols["partition"], cols["offset"], cols["payload"], strict=True
+        )
+    ]
 
 
 def stage_output(

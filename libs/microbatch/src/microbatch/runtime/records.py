@@ -40,6 +40,7 @@ from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import Pipeline, json_decoder
+from microbatch.runtime.watermark import partition_name
 from microbatch.state.codec import CodecError, decode_value, encode_value
 
 ENVELOPE_SCHEMA = pa.schema(
@@ -61,7 +62,10 @@ DEAD_LETTER = "dead_letter"
 #: An enrichment input not finished by the batch deadline; ``payload`` is the pending
 #: element, carried to the next batch through the checkpoint.
 PENDING = "pending"
-#: One per task and source partition: ``offset`` holds how many inputs it consumed.
+#: What a stage-1 task saw of one source partition (``payload``: its
+#: :class:`PartitionStats`), one copy per operator instance: stage 1 and stage 2 run as
+#: one Spark job, so every instance learns the batch's counts and event times from these
+#: rows and computes the batch watermark itself, before its timers fire.
 STAT = "stat"
 #: The Kafka columns stage 1 reads (of ``KAFKA_SCHEMA``): a reader may send only these.
 SOURCE_COLUMNS = ("topic", "partition", "offset", "key", "value")
@@ -83,6 +87,48 @@ class DeadLetterDetail(NamedTuple):
     @classmethod
     def from_payload(cls, payload: bytes) -> DeadLetterDetail:
         return cls(*decode_payload(payload))
+
+
+class PartitionStats(NamedTuple):
+    """What one stage-1 task saw of one source partition (a ``stat`` row's payload)."""
+
+    inputs: int  # Kafka records consumed (re-issued pending elements are not inputs)
+    records: int
+    dead_letters: int
+    pending: int
+    max_event: int | None  # largest event time among its records
+
+
+def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> dict[str, Any]:
+    """The batch's stage-1 counts from the (topic, partition, stats) of every task: totals,
+    per-partition counts, and the max event time per partition (what the watermark
+    advances by). A partition may be split over several tasks: counts add up, event
+    times take the max. Stage 2 computes this in every instance; the driver checks that
+    all instances agree."""
+    out: dict[str, Any] = {
+        "inputs": 0,
+        "records": 0,
+        "dead": 0,
+        "pending": 0,
+        "max_event": {},
+        "per_partition": {},
+    }
+    for topic, part, s in stats:
+        name = partition_name(topic, part)
+        per = out["per_partition"].setdefault(name, {"inputs": 0, "records": 0, "dead_letters": 0})
+        per["inputs"] += s.inputs
+        per["records"] += s.records
+        per["dead_letters"] += s.dead_letters
+        out["inputs"] += s.inputs
+        out["records"] += s.records
+        out["dead"] += s.dead_letters
+        out["pending"] += s.pending
+        if s.max_event is not None:
+            top = out["max_event"].get(name)
+            out["max_event"][name] = s.max_event if top is None else max(top, s.max_event)
+    out["max_event"] = dict(sorted(out["max_event"].items()))
+    out["per_partition"] = dict(sorted(out["per_partition"].items()))
+    return out
 
 
 class _Bad(Exception):
@@ -325,8 +371,7 @@ class StageOne:
                 except _Bad as bad:
                     out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
                              rkey, rvalue)  # fmt: skip
-            out.stats(Counter(zip(topics, parts, strict=True)))
-            return out.build()
+            return out.build(Counter(zip(topics, parts, strict=True)), self.parallelism)
 
     def enriched(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
         """Decode a whole task's rows, enrich them until the deadline, key the results.
@@ -392,9 +437,9 @@ class StageOne:
                 if p.coordinates is None:
                     continue
                 topic, part, off = p.coordinates
-                out.add(PENDING, topic, part, off, 0, 0, None, None, None, p.to_bytes())
-            out.stats(inputs)
-            return out.build()
+                inst = (part + off) % self.parallelism  # it passes through stage 2
+                out.add(PENDING, topic, part, off, 0, inst, None, None, None, p.to_bytes())
+            return out.build(inputs, self.parallelism)
 
     def add_record(
         self,
@@ -505,16 +550,58 @@ class EnvelopeBuilder:
         detail = DeadLetterDetail(reason, error, raw_key, raw_value, attempts).to_payload()
         self.add(DEAD_LETTER, topic, part, off, seq, inst, None, None, None, detail)
 
-    def stats(self, inputs: Counter[tuple[str, int]]) -> None:
-        for (topic, part), n in sorted(inputs.items()):
-            self.add(STAT, topic, part, n, 0, 0, None, None, None, None)
+    def build(self, inputs: Counter[tuple[str, int]], parallelism: int) -> pa.RecordBatch:
+        """The rows as one Arrow batch, followed by the ``stat`` rows of every source
+        partition seen (``inputs``: records consumed per partition), one per instance."""
+        rows = self.rows_batch()
+        return pa.concat_batches([rows, _stat_rows(rows, inputs, parallelism)])
 
-    def build(self) -> pa.RecordBatch:
+    def rows_batch(self) -> pa.RecordBatch:
         columns = zip(*self.rows, strict=True) if self.rows else [()] * len(ENVELOPE_SCHEMA)
         return pa.RecordBatch.from_arrays(
             [pa.array(c, f.type) for c, f in zip(columns, ENVELOPE_SCHEMA, strict=True)],
             schema=ENVELOPE_SCHEMA,
         )
+
+
+def _stat_rows(
+    rows: pa.RecordBatch, inputs: Counter[tuple[str, int]], parallelism: int
+) -> pa.RecordBatch:
+    """The :class:`PartitionStats` of ``rows`` per source partition, counted by Arrow (the
+    hot path adds rows without counting), as ``stat`` rows for every instance."""
+    counts: dict[tuple[str, int], dict[str, int]] = {tp: {} for tp in inputs}
+    top: dict[tuple[str, int], int | None] = {}
+    grouped = (
+        pa.Table.from_batches([rows])
+        .group_by(["topic", "partition", "kind"])
+        .aggregate([("offset", "count"), ("event_ts", "max")])
+    )
+    for g in grouped.to_pylist():
+        tp = (g["topic"], g["partition"])
+        counts.setdefault(tp, {})[g["kind"]] = g["offset_count"]
+        if g["kind"] == RECORD:
+            top[tp] = g["event_ts_max"]
+    stat = EnvelopeBuilder()
+    for (topic, part), n in sorted(counts.items()):
+        payload = encode_payload(
+            tuple(
+                PartitionStats(
+                    inputs.get((topic, part), 0),
+                    n.get(RECORD, 0),
+                    n.get(DEAD_LETTER, 0),
+                    n.get(PENDING, 0),
+                    top.get((topic, part)),
+                )
+            )
+        )
+        for instance in range(parallelism):
+            stat.add(STAT, topic, part, 0, 0, instance, None, None, None, payload)
+    return stat.rows_batch()
+
+
+def partition_stats(payload: bytes) -> PartitionStats:
+    """A ``stat`` row's payload back as :class:`PartitionStats`."""
+    return PartitionStats(*decode_payload(payload))
 
 
 def payload_decoder(pipeline: Pipeline) -> Any:
