@@ -8,6 +8,7 @@ already have (a real cluster, AWS S3), export ``MICROBATCH_KAFKA_BOOTSTRAP_SERVE
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -80,6 +81,9 @@ def spark(test_settings: Settings):
     """The one SparkSession of the test run (start-up costs ~10 s)."""
     from microbatch.spark import spark_session
 
+    # py4j says "Closing down clientserver connection" at INFO from __del__ at interpreter
+    # exit, into handlers (Airflow's, set up on import) whose streams pytest has closed.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     session = spark_session(test_settings, app_name="microbatch-tests")
     yield session
     session.stop()
