@@ -8,6 +8,7 @@ already have (a real cluster, AWS S3), export ``MICROBATCH_KAFKA_BOOTSTRAP_SERVE
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from microbatch.localstack import KafkaBroker, SeaweedFS
+from microbatch.localstack.kafka import SASL_PORT_OFFSET
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.seaweedfs import ALL_OFFSETS
 from microbatch.settings import Settings
@@ -25,6 +27,8 @@ from microbatch.settings import Settings
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL_KAFKA = "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ
 EXTERNAL_S3 = "MICROBATCH_S3_ENDPOINT_URL" in os.environ
+#: The user the run's broker accepts on its SASL_PLAINTEXT listener (``sasl_settings``).
+SASL_USER = ("microbatch-test", "test-secret-pw")
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +41,7 @@ def test_settings() -> Settings:
     """Settings for this run: external services from the env, else free loopback ports."""
     overrides: dict[str, str] = {"home": os.environ.get("MICROBATCH_HOME", str(REPO / ".local"))}
     if not EXTERNAL_KAFKA:
-        port = free_port_block([0, 1])
+        port = free_port_block([0, 1, SASL_PORT_OFFSET])
         overrides["kafka_bootstrap_servers"] = f"127.0.0.1:{port}"
     if not EXTERNAL_S3:
         port = free_port_block(ALL_OFFSETS)
@@ -52,10 +56,25 @@ def kafka_settings(test_settings: Settings, stack_dir: Path) -> Iterator[Setting
     if EXTERNAL_KAFKA:
         yield test_settings
         return
-    broker = KafkaBroker(test_settings, stack_dir / "kafka")
+    broker = KafkaBroker(test_settings, stack_dir / "kafka", sasl_users=dict([SASL_USER]))
     broker.start()
     yield test_settings
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def sasl_settings(kafka_settings: Settings) -> Settings:
+    """The same broker through its SASL_PLAINTEXT listener, as a secured cluster's user."""
+    if EXTERNAL_KAFKA:
+        pytest.skip("the run's own broker has the SASL listener; an external one may not")
+    host, _, port = kafka_settings.kafka_bootstrap_servers.rpartition(":")
+    return dataclasses.replace(
+        kafka_settings,
+        kafka_bootstrap_servers=f"{host}:{int(port) + SASL_PORT_OFFSET}",
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_username=SASL_USER[0],
+        kafka_sasl_password=SASL_USER[1],
+    )
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,9 @@ Precedence for each service: the Airflow connection when it is defined, else the
 connection id           fields used
 ======================  ============================================================
 ``microbatch_kafka``    extra ``bootstrap_servers`` (``"h1:9092,h2:9092"``), else
-                        ``host:port``
+                        ``host:port``; secured clusters: extra ``security_protocol``
+                        (``SASL_SSL``, ...), ``sasl_mechanism``, ``ssl_cafile``; login
+                        and password = the SASL user
 ``microbatch_s3``       login = access key id, password = secret key, extra
                         ``endpoint_url`` (omit for AWS), ``region_name``, ``bucket``
 ``microbatch_spark``    host (+ port) = master URL: ``local[*]``, ``spark://h``,
@@ -31,7 +33,15 @@ def kafka_overrides(conn: Any) -> dict[str, str]:
     servers = extra.get("bootstrap_servers") or extra.get("bootstrap.servers")
     if not servers and conn.host:
         servers = f"{conn.host}:{conn.port or 9092}"
-    return {"kafka_bootstrap_servers": servers} if servers else {}
+    overrides = {
+        "kafka_bootstrap_servers": servers,
+        "kafka_security_protocol": extra.get("security_protocol"),
+        "kafka_sasl_mechanism": extra.get("sasl_mechanism"),
+        "kafka_sasl_username": conn.login,
+        "kafka_sasl_password": conn.password,
+        "kafka_ssl_cafile": extra.get("ssl_cafile"),
+    }
+    return {k: v for k, v in overrides.items() if v}
 
 
 def s3_overrides(conn: Any) -> dict[str, str]:

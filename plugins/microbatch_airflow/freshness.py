@@ -142,7 +142,7 @@ def check_for_work(facts: PipelineFacts, settings: Settings, now_ms: int) -> Dec
     # The runtime marks a published batch with this key (runtime/batch.py is_published).
     published = store.exists(f"published/{manifest.checkpoint_id:020d}")
     known = set(snapshot_from_json(manifest.metadata.get("offsets", {})))
-    with KafkaBrokerView(settings.kafka_bootstrap_servers, timeout_s=20.0) as view:
+    with KafkaBrokerView.for_settings(settings, timeout_s=20.0) as view:
         for topic in facts.topics:
             known |= {TopicPartition(topic, p) for p in view.partitions_for(topic) or ()}
         end = view.end_offsets(sorted(known))

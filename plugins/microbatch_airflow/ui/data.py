@@ -17,7 +17,7 @@ def kafka_end_offsets(settings: Settings, timeout_s: float = 5.0) -> EndOffsets:
     from microbatch.kafka import KafkaBrokerView
 
     def end_offsets(tps: Collection[Any]) -> Mapping[Any, int]:
-        with KafkaBrokerView(settings.kafka_bootstrap_servers, timeout_s=timeout_s) as view:
+        with KafkaBrokerView.for_settings(settings, timeout_s=timeout_s) as view:
             return view.end_offsets(list(tps))
 
     return end_offsets

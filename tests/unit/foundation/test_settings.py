@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from microbatch import ConfigError, Settings
@@ -57,3 +59,53 @@ def test_secret_never_appears_in_repr_or_redacted_form():
     assert "hunter2-secret" not in repr(settings)
     assert "hunter2-secret" not in str(settings.redacted())
     assert settings.to_env()["MICROBATCH_S3_SECRET_ACCESS_KEY"] == "hunter2-secret"
+
+
+def test_plaintext_kafka_needs_no_client_settings():
+    assert Settings.from_env(env={}).kafka_client_config() == {}
+
+
+def test_sasl_kafka_settings_become_kafka_python_client_settings():
+    settings = Settings.from_env(
+        env={
+            "MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "MICROBATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "MICROBATCH_KAFKA_SASL_USERNAME": "etl",
+            "MICROBATCH_KAFKA_SASL_PASSWORD": "s3cret-pw",
+            "MICROBATCH_KAFKA_SSL_CAFILE": "/etc/ssl/kafka-ca.pem",
+        }
+    )
+
+    assert settings.kafka_client_config() == {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "etl",
+        "sasl_plain_password": "s3cret-pw",
+        "ssl_cafile": "/etc/ssl/kafka-ca.pem",
+    }
+    assert "s3cret-pw" not in repr(settings)
+    assert "s3cret-pw" not in str(settings.redacted())
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "TLS"}, "expected one of PLAINTEXT, SSL"),
+        (
+            {"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"},
+            "needs MICROBATCH_KAFKA_SASL_USERNAME and MICROBATCH_KAFKA_SASL_PASSWORD",
+        ),
+        (
+            {
+                "MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "MICROBATCH_KAFKA_SASL_MECHANISM": "GSSAPI",
+                "MICROBATCH_KAFKA_SASL_USERNAME": "etl",
+                "MICROBATCH_KAFKA_SASL_PASSWORD": "pw",
+            },
+            "MICROBATCH_KAFKA_SASL_MECHANISM='GSSAPI': expected one of PLAIN, SCRAM-SHA-256",
+        ),
+    ],
+)
+def test_incomplete_or_unknown_kafka_security_settings_are_refused(env, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.from_env(env=env)

@@ -23,6 +23,27 @@ def test_kafka_connection_with_only_a_host_uses_host_and_port():
     assert kafka_overrides(conn) == {"kafka_bootstrap_servers": "broker.internal:19092"}
 
 
+def test_kafka_connection_of_a_secured_cluster_sets_security_protocol_and_sasl_user():
+    conn = Connection(
+        conn_id="k",
+        conn_type="kafka",
+        login="etl",
+        password="pw-123",
+        extra='{"bootstrap_servers": "a:9096", "security_protocol": "SASL_SSL", '
+        '"sasl_mechanism": "SCRAM-SHA-256", "ssl_cafile": "/etc/ca.pem"}',
+    )
+
+    settings = Settings.from_env(env={}, **kafka_overrides(conn))
+
+    assert settings.kafka_client_config() == {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_plain_username": "etl",
+        "sasl_plain_password": "pw-123",
+        "ssl_cafile": "/etc/ca.pem",
+    }
+
+
 def test_s3_connection_maps_keys_endpoint_region_and_bucket():
     conn = Connection(
         conn_id="s",

@@ -153,7 +153,7 @@ def cmd_status(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     if m is None:
         return {"pipeline": pipeline.name, "checkpoint": None, "checkpoints_url": store.url}
     offsets = snapshot_from_json(m.metadata.get("offsets", {}))
-    with KafkaBrokerView(settings.kafka_bootstrap_servers) as view:
+    with KafkaBrokerView.for_settings(settings) as view:
         end = view.end_offsets(list(offsets))
     lag = partition_lag(end, offsets)
     return {

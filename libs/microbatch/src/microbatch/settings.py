@@ -10,6 +10,14 @@ plugin translates connections into keyword arguments here.
 Variables (each maps to the field of the same name, lower-cased, without the prefix):
 
 - ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS``: comma-separated ``host:port``; ``127.0.0.1:9092``
+- ``MICROBATCH_KAFKA_SECURITY_PROTOCOL``: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or
+  ``SASL_SSL``; ``PLAINTEXT``
+- ``MICROBATCH_KAFKA_SASL_MECHANISM``: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``
+  (with a ``SASL_*`` protocol); ``PLAIN``
+- ``MICROBATCH_KAFKA_SASL_USERNAME`` / ``MICROBATCH_KAFKA_SASL_PASSWORD``: the SASL user
+  (the password is never logged); empty
+- ``MICROBATCH_KAFKA_SSL_CAFILE``: PEM file of the CAs to trust (``SSL``/``SASL_SSL``);
+  empty = the system's
 - ``MICROBATCH_S3_ENDPOINT_URL``: S3 API endpoint, empty for AWS; ``http://127.0.0.1:8333``
 - ``MICROBATCH_S3_ACCESS_KEY_ID``: access key; ``microbatch``
 - ``MICROBATCH_S3_SECRET_ACCESS_KEY``: secret key, never logged; ``microbatch-secret``
@@ -32,7 +40,9 @@ from urllib.parse import urlparse
 from microbatch.errors import ConfigError
 
 ENV_PREFIX = "MICROBATCH_"
-_SECRET_FIELDS = frozenset({"s3_secret_access_key"})
+_SECRET_FIELDS = frozenset({"s3_secret_access_key", "kafka_sasl_password"})
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +50,11 @@ class Settings:
     """Where the services are. Build with :meth:`from_env`; immutable afterwards."""
 
     kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "PLAIN"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = ""
+    kafka_ssl_cafile: str = ""
     s3_endpoint_url: str = "http://127.0.0.1:8333"
     s3_access_key_id: str = "microbatch"
     s3_secret_access_key: str = "microbatch-secret"
@@ -59,6 +74,7 @@ class Settings:
                 raise ConfigError(
                     f"MICROBATCH_KAFKA_BOOTSTRAP_SERVERS has {server!r}: expected host:port"
                 )
+        self._check_kafka_security()
         if self.s3_endpoint_url and urlparse(self.s3_endpoint_url).scheme not in ("http", "https"):
             raise ConfigError(
                 f"MICROBATCH_S3_ENDPOINT_URL={self.s3_endpoint_url!r}: expected an http(s):// URL"
@@ -66,6 +82,26 @@ class Settings:
         if len(self.s3_bucket) < 3:
             raise ConfigError(
                 f"MICROBATCH_S3_BUCKET={self.s3_bucket!r}: S3 bucket names need 3+ characters"
+            )
+
+    def _check_kafka_security(self) -> None:
+        protocol = self.kafka_security_protocol
+        if protocol not in KAFKA_SECURITY_PROTOCOLS:
+            raise ConfigError(
+                f"MICROBATCH_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected one of "
+                f"{', '.join(KAFKA_SECURITY_PROTOCOLS)}"
+            )
+        if not protocol.startswith("SASL_"):
+            return
+        if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
+            raise ConfigError(
+                f"MICROBATCH_KAFKA_SASL_MECHANISM={self.kafka_sasl_mechanism!r}: expected one "
+                f"of {', '.join(KAFKA_SASL_MECHANISMS)}"
+            )
+        if not self.kafka_sasl_username or not self.kafka_sasl_password:
+            raise ConfigError(
+                f"MICROBATCH_KAFKA_SECURITY_PROTOCOL={protocol} needs "
+                "MICROBATCH_KAFKA_SASL_USERNAME and MICROBATCH_KAFKA_SASL_PASSWORD"
             )
 
     @classmethod
@@ -99,6 +135,22 @@ class Settings:
     @property
     def home_path(self) -> Path:
         return Path(self.home).expanduser().resolve()
+
+    def kafka_client_config(self) -> dict[str, Any]:
+        """How every Kafka client of microbatch authenticates, in kafka-python's names
+        (``KafkaConsumer(bootstrap_servers=..., **config)``; the JVM reader maps them to
+        Java's): nothing for ``PLAINTEXT``."""
+        protocol = self.kafka_security_protocol
+        if protocol == "PLAINTEXT":
+            return {}
+        config: dict[str, Any] = {"security_protocol": protocol}
+        if protocol.startswith("SASL_"):
+            config["sasl_mechanism"] = self.kafka_sasl_mechanism
+            config["sasl_plain_username"] = self.kafka_sasl_username
+            config["sasl_plain_password"] = self.kafka_sasl_password
+        if self.kafka_ssl_cafile and protocol.endswith("SSL"):
+            config["ssl_cafile"] = self.kafka_ssl_cafile
+        return config
 
     def boto3_client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``boto3.client("s3", **kwargs)``."""

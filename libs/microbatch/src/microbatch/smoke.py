@@ -61,7 +61,9 @@ def ensure_topic(settings: Settings, topic: str, partitions: int) -> None:
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = KafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap_servers, **settings.kafka_client_config()
+    )
     try:
         admin.create_topics([NewTopic(topic, partitions, 1)])
     except TopicAlreadyExistsError:
@@ -76,7 +78,10 @@ def produce_events(settings: Settings, topic: str, count: int, seed: int = 7) ->
 
     rng = random.Random(seed)
     producer = KafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers, linger_ms=20, acks="all"
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        linger_ms=20,
+        acks="all",
+        **settings.kafka_client_config(),
     )
     start_ms = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     futures = []
@@ -93,7 +98,9 @@ def partition_ranges(settings: Settings, topic: str) -> list[tuple[int, int, int
     """(partition, from, until) for every partition of ``topic``, from earliest to end."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap_servers, **settings.kafka_client_config()
+    )
     try:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
@@ -117,6 +124,7 @@ def read_range(settings: Settings, topic: str, partition: int, start: int, until
         bootstrap_servers=settings.kafka_bootstrap_servers,
         enable_auto_commit=False,
         isolation_level="read_committed",
+        **settings.kafka_client_config(),
     )
     cols: dict[str, list] = {name: [] for name in EVENT_SCHEMA.names}
     try:

@@ -9,6 +9,7 @@ read back, and a failed mirror never fails a batch (callers log it and carry on)
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from microbatch.errors import SourceError
 from microbatch.kafka.offsets import TopicPartition
@@ -48,6 +49,7 @@ def mirror_offsets(
     offsets: Mapping[TopicPartition, int],
     *,
     timeout_s: float = 30.0,
+    client_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Commit ``offsets`` (next offset to read, per partition) to consumer group ``group_id``.
 
@@ -66,10 +68,13 @@ def mirror_offsets(
     timeout_ms = int(timeout_s * 1000)
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
-            group_id=group_id,
-            enable_auto_commit=False,
-            request_timeout_ms=max(timeout_ms, 1000),
+            **{
+                **(client_config or {}),
+                "bootstrap_servers": bootstrap_servers,
+                "group_id": group_id,
+                "enable_auto_commit": False,
+                "request_timeout_ms": max(timeout_ms, 1000),
+            }
         )
     except Exception as exc:
         raise SourceError(

@@ -38,6 +38,7 @@ from microbatch.kafka.offsets import (
     snapshot_from_json,
     snapshot_to_json,
 )
+from microbatch.settings import Settings
 from microbatch.storage.base import AlreadyExistsError, ObjectNotFoundError, ObjectStore
 
 OnOutOfRange = Literal["fail", "earliest"]
@@ -165,24 +166,39 @@ class KafkaBrokerView:
     offsets: a plan never ends inside a transaction that might still abort.
     """
 
-    def __init__(self, bootstrap_servers: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        timeout_s: float = 30.0,
+        client_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``client_config``: how to connect (``Settings.kafka_client_config``)."""
         from kafka import KafkaConsumer
 
         self.bootstrap_servers = bootstrap_servers
         self.timeout_ms = int(timeout_s * 1000)
         try:
             self._consumer = KafkaConsumer(
-                bootstrap_servers=bootstrap_servers,
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                request_timeout_ms=max(self.timeout_ms, 1000),
+                **{
+                    **(client_config or {}),
+                    "bootstrap_servers": bootstrap_servers,
+                    "enable_auto_commit": False,
+                    "isolation_level": "read_committed",
+                    "request_timeout_ms": max(self.timeout_ms, 1000),
+                }
             )
         except Exception as exc:
             raise SourceError(
                 f"cannot connect to Kafka at {bootstrap_servers}: {exc} "
-                "(check MICROBATCH_KAFKA_BOOTSTRAP_SERVERS and that the brokers are up)"
+                "(check MICROBATCH_KAFKA_BOOTSTRAP_SERVERS, the MICROBATCH_KAFKA_SECURITY_* / "
+                "SASL_* settings and that the brokers are up)"
             ) from exc
         self._topics: set[str] | None = None
+
+    @classmethod
+    def for_settings(cls, settings: Settings, timeout_s: float = 30.0) -> KafkaBrokerView:
+        """A view of the brokers ``settings`` name, connected as they say."""
+        return cls(settings.kafka_bootstrap_servers, timeout_s, settings.kafka_client_config())
 
     def __enter__(self) -> KafkaBrokerView:
         return self

@@ -219,11 +219,15 @@ def source_options(
 
 
 def check_available(
-    bootstrap_servers: str, ranges: Sequence[OffsetRange], view: BrokerView | None = None
+    bootstrap_servers: str,
+    ranges: Sequence[OffsetRange],
+    view: BrokerView | None = None,
+    consumer_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Fail with :class:`SourceError` if a range starts before the partition's earliest
     kept offset (retention deleted it after planning) or ends past its last stable offset
-    (planned against another cluster). ``view``: an open one to reuse, else one is made."""
+    (planned against another cluster). ``view``: an open one to reuse, else one is made
+    (connected with ``consumer_config``)."""
     from microbatch.kafka.planner import KafkaBrokerView
 
     if not ranges:
@@ -231,7 +235,9 @@ def check_available(
     tps = [r.tp for r in ranges]
     with contextlib.ExitStack() as stack:
         if view is None:
-            view = stack.enter_context(KafkaBrokerView(bootstrap_servers))
+            view = stack.enter_context(
+                KafkaBrokerView(bootstrap_servers, client_config=consumer_config)
+            )
         earliest = view.beginning_offsets(tps)
         latest = view.end_offsets(tps)
     for r in ranges:
@@ -270,7 +276,7 @@ def read_ranges_spark(
         return spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
     options = source_options(bootstrap_servers, pieces, consumer_config)
     if check:
-        check_available(bootstrap_servers, pieces, view)
+        check_available(bootstrap_servers, pieces, view, consumer_config)
     return (
         spark.read.format("kafka")
         .options(**options)

@@ -5,7 +5,9 @@ to this module (``kafka_2.13`` plus the log4j2 binding its POM leaves out) into
 ``$MICROBATCH_HOME/kafka/libs-<version>``. Storage is formatted once with
 ``kafka.tools.StorageTool format --standalone``; the broker then runs ``kafka.Kafka``.
 Internal topics (offsets, transaction state, share-coordinator state) use replication
-factor 1 so transactions work on a single node.
+factor 1 so transactions work on a single node. With ``sasl_users`` the broker also
+listens with ``SASL_PLAINTEXT`` (mechanism ``PLAIN``, those users) on the port after its
+controller's: what the tests of secured-cluster settings connect to.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from microbatch.errors import ServiceError
@@ -24,6 +27,7 @@ from microbatch.settings import Settings
 
 KAFKA_VERSION = "4.1.1"
 CONTROLLER_PORT_OFFSET = 1
+SASL_PORT_OFFSET = 2
 
 _LOG4J2 = """\
 status = warn
@@ -83,17 +87,34 @@ def ensure_jars(home: Path) -> Path:
     return libs
 
 
-def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
+def server_properties(
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    sasl_users: Mapping[str, str] | None = None,
+) -> str:
+    listeners = f"PLAINTEXT://127.0.0.1:{port}"
+    protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    sasl = ""
+    if sasl_users:
+        listeners += f",SASL_PLAINTEXT://127.0.0.1:{port + SASL_PORT_OFFSET}"
+        protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+        users = " ".join(f'user_{name}="{pw}"' for name, pw in sorted(sasl_users.items()))
+        sasl = (
+            "sasl.enabled.mechanisms=PLAIN\n"
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+            f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};\n"
+        )
     return f"""\
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners={listeners},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners={listeners}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs={log_dir}
+listener.security.protocol.map={protocols}
+{sasl}log.dirs={log_dir}
 num.partitions=1
 auto.create.topics.enable=false
 offsets.topic.replication.factor=1
@@ -130,9 +151,12 @@ def _broker_answers(bootstrap: str) -> bool:
 class KafkaBroker:
     """Start/stop one KRaft broker for ``settings`` with data under ``workdir``."""
 
-    def __init__(self, settings: Settings, workdir: Path) -> None:
+    def __init__(
+        self, settings: Settings, workdir: Path, sasl_users: Mapping[str, str] | None = None
+    ) -> None:
         self.settings = settings
         self.workdir = workdir
+        self.sasl_users = dict(sasl_users or {})
         self.process = ServiceProcess("kafka", workdir)
 
     def _format(self, java: str, classpath: str, config: Path, data: Path) -> None:
@@ -152,11 +176,12 @@ class KafkaBroker:
             return
         port = broker_port(self.settings)
         controller_port = port + CONTROLLER_PORT_OFFSET
-        taken = [p for p in (port, controller_port) if not port_is_free(p)]
+        ports = [port, controller_port] + ([port + SASL_PORT_OFFSET] if self.sasl_users else [])
+        taken = [p for p in ports if not port_is_free(p)]
         if taken:
             raise ServiceError(
-                f"Kafka: port(s) {taken} on 127.0.0.1 are in use (the broker needs {port} and "
-                f"its controller {controller_port}). Stop whatever holds them (`make "
+                f"Kafka: port(s) {taken} on 127.0.0.1 are in use (the broker needs {ports}: "
+                "itself, its controller, its SASL listener). Stop whatever holds them (`make "
                 "stack-down` if it is an old stack), or choose another port in "
                 "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS."
             )
@@ -167,7 +192,7 @@ class KafkaBroker:
         config = self.workdir / "server.properties"
         log4j = self.workdir / "log4j2.properties"
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config.write_text(server_properties(port, controller_port, data))
+        config.write_text(server_properties(port, controller_port, data, self.sasl_users))
         log4j.write_text(_LOG4J2)
         self._format(java, classpath, config, data)
         argv = [java, "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",

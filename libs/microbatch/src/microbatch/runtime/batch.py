@@ -240,6 +240,7 @@ class BatchRunner:
                     sink.topic,
                     batch_id,
                     messages,
+                    self.settings.kafka_client_config(),
                 )
             else:
                 store = open_store(sink.url, self.settings)
@@ -255,6 +256,7 @@ class BatchRunner:
                 self.settings.kafka_bootstrap_servers,
                 consumer_group_name(self.name),
                 snapshot_from_json(manifest.metadata.get("offsets", {})),
+                client_config=self.settings.kafka_client_config(),
             )
         except MicrobatchError as e:  # the mirror is informational; the manifest is truth
             log.warning("pipeline %s: could not mirror offsets: %s", self.name, e)
@@ -314,7 +316,7 @@ class BatchRunner:
         """One connection to the source's brokers per run (planning, then the lag after
         the commit): each new one costs a bootstrap and a metadata round trip."""
         if self._broker is None:
-            self._broker = KafkaBrokerView(self.settings.kafka_bootstrap_servers)
+            self._broker = KafkaBrokerView.for_settings(self.settings)
         return self._broker
 
     def close_broker(self) -> None:
@@ -371,13 +373,20 @@ class BatchRunner:
                 "Spark's Kafka source" if self.stage_one_reader == "spark" else "kafka-python",
             )
             if self.stage_one_reader == "spark":
-                rows = read_ranges_spark(self.spark, bootstrap, plan.ranges, view=self.broker())
+                rows = read_ranges_spark(
+                    self.spark,
+                    bootstrap,
+                    plan.ranges,
+                    consumer_config=self.settings.kafka_client_config(),
+                    view=self.broker(),
+                )
                 # Only the columns stage 1 reads cross from the JVM to Python.
                 return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type)
             descriptors = range_descriptors(self.spark, plan.ranges)
         if descriptors is None:
             return self.spark.createDataFrame([], envelope_type)
-        return descriptors.mapInArrow(ReadingStageOne(process, bootstrap), envelope_type)
+        reading = ReadingStageOne(process, bootstrap, self.settings.kafka_client_config())
+        return descriptors.mapInArrow(reading, envelope_type)
 
     def load_pending(self, base: Manifest | None) -> pa.Table | None:
         """Enrichment inputs the last batch left unfinished, as stage-1 input rows (the
@@ -791,7 +800,7 @@ class BatchRunner:
         offsets = snapshot_from_json(target.offsets)
         if not offsets:
             return
-        with KafkaBrokerView(self.settings.kafka_bootstrap_servers) as view:
+        with KafkaBrokerView.for_settings(self.settings) as view:
             earliest = view.beginning_offsets(list(offsets))
         gone = {tp: (n, earliest[tp]) for tp, n in offsets.items() if earliest.get(tp, 0) > n}
         if gone:

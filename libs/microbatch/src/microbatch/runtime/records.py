@@ -474,9 +474,14 @@ class ReadingStageOne:
 
     stage: StageOne
     bootstrap_servers: str
+    #: How to connect (``Settings.kafka_client_config``): kafka-python consumer settings.
+    consumer_config: dict[str, Any] | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return self.stage(read_descriptors(batches, self.bootstrap_servers))
+        reading = read_descriptors(
+            batches, self.bootstrap_servers, consumer_config=self.consumer_config
+        )
+        return self.stage(reading)
 
 
 def _source_columns(batch: pa.RecordBatch) -> tuple[list[Any], ...]:

@@ -31,7 +31,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -112,9 +112,21 @@ def _retrying(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
             delay = min(delay * 2, 2.0)
 
 
-def last_published(bootstrap_servers: str, pipeline: str, sink_name: str, topic: str) -> int | None:
+def last_published(
+    bootstrap_servers: str,
+    pipeline: str,
+    sink_name: str,
+    topic: str,
+    client_config: Mapping[str, Any] | None = None,
+) -> int | None:
     """The last batch id published to ``topic`` by this sink, None if none yet."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000)
+    admin = KafkaAdminClient(
+        **{
+            **(client_config or {}),
+            "bootstrap_servers": bootstrap_servers,
+            "request_timeout_ms": 30_000,
+        }
+    )
     try:
         group = marker_group(pipeline, sink_name)
         tp = KafkaTopicPartition(topic, 0)
@@ -137,26 +149,31 @@ def publish_messages(
     topic: str,
     batch_id: int,
     messages: pa.Table,
+    client_config: Mapping[str, Any] | None = None,
 ) -> bool:
     """Publish a batch's messages once; False when the batch was already published or
-    had no messages (nothing sent, no transaction)."""
+    had no messages (nothing sent, no transaction). ``client_config``: how to connect
+    (``Settings.kafka_client_config``)."""
     if messages.num_rows == 0:
         return False
     where = f"pipeline {pipeline!r} sink {sink_name!r} (topic {topic!r}, {bootstrap_servers})"
     try:
         producer = KafkaProducer(
-            bootstrap_servers=bootstrap_servers,
-            transactional_id=transactional_id(pipeline, sink_name),
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=5,
+            **{
+                **(client_config or {}),
+                "bootstrap_servers": bootstrap_servers,
+                "transactional_id": transactional_id(pipeline, sink_name),
+                "enable_idempotence": True,
+                "acks": "all",
+                "linger_ms": 5,
+            }
         )
     except Exception as e:
         raise SinkError(f"{where}: cannot create the transactional producer: {e}") from e
     try:
         # Fences zombies; completes or aborts their open transaction.
         _retrying(f"{where}: init_transactions", producer.init_transactions)
-        done = last_published(bootstrap_servers, pipeline, sink_name, topic)
+        done = last_published(bootstrap_servers, pipeline, sink_name, topic, client_config)
         if done is not None and done >= batch_id:
             log.info("%s: batch %s already published (marker %s)", where, batch_id, done)
             return False
