@@ -10,6 +10,7 @@ committed, saying what to check.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,11 @@ def test_a_batch_on_a_sasl_cluster_reads_publishes_and_mirrors_as_the_configured
 ) -> None:
     out_topic = new_topic(admin, 1)
     pipe = count_pipeline(source_topic, str(tmp_path), out_topic=out_topic)
-    pipe = dataclasses.replace(pipe, source=dataclasses.replace(pipe.source, reader=reader))
+    pipe = dataclasses.replace(
+        pipe,
+        name=f"sasl-{reader}-{uuid.uuid4().hex[:8]}",  # its own mirrored consumer group
+        source=dataclasses.replace(pipe.source, reader=reader),
+    )
 
     runner = BatchRunner(spark, pipe, sasl_settings)
     result = runner.run(BatchOptions(run_id=f"sasl-{reader}"))
