@@ -139,8 +139,8 @@ def test_pipeline_batches_are_identical_with_either_reader(
         base = count_pipeline(topic, str(tmp_path / reader), max_records_per_batch=30)
         pipe = dataclasses.replace(base, source=dataclasses.replace(base.source, reader=reader))
         used, records_in = [], 0
+        runner = BatchRunner(spark, pipe, kafka_settings)  # one runner, batch after batch
         for batch in range(4):  # the cap counts offsets: 62 with markers and aborted records
-            runner = BatchRunner(spark, pipe, kafka_settings)
             records_in += runner.run(BatchOptions(run_id=f"{reader}-{batch}")).records_in
             used.append(runner.stage_one_reader)
         assert used == [reader, reader, reader, None]  # the last batch has nothing to read

@@ -557,6 +557,7 @@ class BatchRunner:
             full=full,
             crash_at=crash_at,
         )
+        self.stage_one_reader = None  # until stage_one picks one: an empty batch reads nothing
         envelopes = (
             self.stage_one(plan, parallelism, wm_before.watermark, crash_at, pending_in)
             if has_input
