@@ -1,7 +1,7 @@
 """A pipeline on a secured cluster: every Kafka client of a batch authenticates with SASL.
 
-The run's broker also listens with SASL_PLAINTEXT (PLAIN); ``sasl_settings`` point at
-that listener. Planning, both stage-1 readers (Spark's Kafka source in the JVM and
+The run's broker also listens with SASL_PLAINTEXT (PLAIN and SCRAM); ``sasl_settings``
+point at that listener. Planning, both stage-1 readers (Spark's Kafka source in the JVM and
 kafka-python in the tasks), the transactional Kafka sink and the offset mirror must all
 connect as the configured user; a wrong password must fail the batch before anything is
 committed, saying what to check.
@@ -37,10 +37,19 @@ def source_topic(bootstrap, admin) -> str:
     return topic
 
 
-@pytest.mark.parametrize("reader", ["spark", "python"])
+@pytest.mark.parametrize(
+    ("reader", "mechanism"),
+    [
+        ("spark", "PLAIN"),
+        ("python", "PLAIN"),
+        ("spark", "SCRAM-SHA-512"),
+        ("python", "SCRAM-SHA-256"),
+    ],
+)
 def test_a_batch_on_a_sasl_cluster_reads_publishes_and_mirrors_as_the_configured_user(
-    reader, spark, sasl_settings, bootstrap, admin, source_topic, tmp_path: Path
+    reader, mechanism, spark, sasl_settings, bootstrap, admin, source_topic, tmp_path: Path
 ) -> None:
+    sasl_settings = dataclasses.replace(sasl_settings, kafka_sasl_mechanism=mechanism)
     out_topic = new_topic(admin, 1)
     pipe = count_pipeline(source_topic, str(tmp_path), out_topic=out_topic)
     pipe = dataclasses.replace(

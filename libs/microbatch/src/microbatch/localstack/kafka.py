@@ -6,8 +6,10 @@ to this module (``kafka_2.13`` plus the log4j2 binding its POM leaves out) into
 ``kafka.tools.StorageTool format --standalone``; the broker then runs ``kafka.Kafka``.
 Internal topics (offsets, transaction state, share-coordinator state) use replication
 factor 1 so transactions work on a single node. With ``sasl_users`` the broker also
-listens with ``SASL_PLAINTEXT`` (mechanism ``PLAIN``, those users) on the port after its
-controller's: what the tests of secured-cluster settings connect to.
+listens with ``SASL_PLAINTEXT`` on the port after its controller's, for those users with
+mechanisms ``PLAIN``, ``SCRAM-SHA-256`` and ``SCRAM-SHA-512`` (SCRAM credentials are
+written when the storage is formatted): what the tests of secured-cluster settings
+connect to.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from microbatch.settings import Settings
 KAFKA_VERSION = "4.1.1"
 CONTROLLER_PORT_OFFSET = 1
 SASL_PORT_OFFSET = 2
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 _LOG4J2 = """\
 status = warn
@@ -100,10 +103,13 @@ def server_properties(
         listeners += f",SASL_PLAINTEXT://127.0.0.1:{port + SASL_PORT_OFFSET}"
         protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
         users = " ".join(f'user_{name}="{pw}"' for name, pw in sorted(sasl_users.items()))
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
         sasl = (
-            "sasl.enabled.mechanisms=PLAIN\n"
+            f"sasl.enabled.mechanisms={','.join(SASL_MECHANISMS)}\n"
             "listener.name.sasl_plaintext.plain.sasl.jaas.config="
             f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};\n"
+            f"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config={scram}\n"
+            f"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config={scram}\n"
         )
     return f"""\
 process.roles=broker,controller
@@ -164,6 +170,9 @@ class KafkaBroker:
             return
         cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
                f"--cluster-id={_kafka_uuid()}", "-c", str(config)]  # fmt: skip
+        for name, password in sorted(self.sasl_users.items()):
+            for mechanism in SASL_MECHANISMS[1:]:  # SCRAM users live in the cluster metadata
+                cmd += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ServiceError(
