@@ -69,9 +69,9 @@ def test_every_instance_gets_the_batch_watermark_from_the_stat_rows() -> None:
     rows alone; partitions split over tasks take their max, the pipeline the min."""
     table = _stage_one_rows([(0, 5_000), (1, 9_000)], [(0, 7_000), (0, 6_000)])
 
-    totals, watermark = _stage_two(allowed_lateness_s=1).stage_one(table)
+    totals, event_time = _stage_two(allowed_lateness_s=1).stage_one(table)
 
-    assert watermark == 7_000 - 1_000  # min(t/0: 7000, t/1: 9000) - lateness
+    assert event_time.watermark == 7_000 - 1_000  # min(t/0: 7000, t/1: 9000) - lateness
     assert totals["max_event"] == {"t/0": 7_000, "t/1": 9_000}
     assert totals["inputs"] == totals["records"] == 4
 
@@ -83,13 +83,13 @@ def test_an_instance_without_stat_rows_keeps_the_watermark_it_started_with() -> 
         event_time={"watermark": 4_000, "partitions": {"t/0": [5_000, 1_000_000]}},
     )
 
-    assert stage.stage_one(ticks_only)[1] == 5_000  # t/0 is still active: its max counts
+    assert stage.stage_one(ticks_only)[1].watermark == 5_000  # t/0 is still active: its max counts
 
 
 def test_instances_that_saw_different_stage_one_output_commit_nothing() -> None:
-    same = {"stage_one": {"inputs": 4}, "watermark": 6_000}
-    assert _agreed_stage_one("pipeline 'p' batch 3", [same, same]) == {"inputs": 4}
+    same = {"stage_one": {"inputs": 4}, "event_time": {"watermark": 6_000}}
+    assert _agreed_stage_one("pipeline 'p' batch 3", [same, same])[0] == {"inputs": 4}
 
-    other = {"stage_one": {"inputs": 5}, "watermark": 6_000}
+    other = {"stage_one": {"inputs": 5}, "event_time": {"watermark": 6_000}}
     with pytest.raises(BatchError, match=r"pipeline 'p' batch 3: .* nothing was committed"):
         _agreed_stage_one("pipeline 'p' batch 3", [same, other])

@@ -68,13 +68,11 @@ def mirror_offsets(
     timeout_ms = int(timeout_s * 1000)
     try:
         consumer = KafkaConsumer(
-            **{
-                **(client_config or {}),
-                "bootstrap_servers": bootstrap_servers,
-                "group_id": group_id,
-                "enable_auto_commit": False,
-                "request_timeout_ms": max(timeout_ms, 1000),
-            }
+            bootstrap_servers=bootstrap_servers,
+            group_id=group_id,
+            enable_auto_commit=False,
+            request_timeout_ms=max(timeout_ms, 1000),
+            **(client_config or {}),
         )
     except Exception as exc:
         raise SourceError(

@@ -179,7 +179,7 @@ class KafkaBrokerView:
         self.timeout_ms = int(timeout_s * 1000)
         try:
             self._consumer = KafkaConsumer(
-                **{
+                **{  # a caller's consumer settings may repeat these (read_ranges_spark's)
                     **(client_config or {}),
                     "bootstrap_servers": bootstrap_servers,
                     "enable_auto_commit": False,

@@ -86,7 +86,7 @@ from microbatch.runtime.records import (
     StageOne,
 )
 from microbatch.runtime.rewind import RewindTarget, find_rewind_target
-from microbatch.runtime.watermark import WatermarkState, advance, partition_name
+from microbatch.runtime.watermark import WatermarkState, partition_name
 from microbatch.settings import Settings
 from microbatch.sinks import kafka as kafka_sink
 from microbatch.sinks import parquet as parquet_sink
@@ -341,7 +341,6 @@ class BatchRunner:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
-        self.stage_one_reader = None
         process = StageOne(self.pipeline, parallelism, watermark, crash_at)
         envelopes = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
@@ -565,10 +564,8 @@ class BatchRunner:
         )
         results = self.stage_two(envelopes, stage, parallelism)
         t = lap("execute", t)
-        stats = _agreed_stage_one(where, results)
-        wm_state = wm_before
-        if (event_time := self.pipeline.event_time) is not None:
-            wm_state = advance(wm_state, stats["max_event"], plan.created_at, event_time)
+        stats, event_time = _agreed_stage_one(where, results)
+        wm_state = WatermarkState.from_json(event_time)
         pending_out = self.save_pending(results, batch_id) if stats["pending"] else None
         crash_if(crash_at, "after_sink_staging", where)
 
@@ -884,18 +881,19 @@ def _has_input(plan: BatchPlan, pending: pa.Table | None) -> bool:
     return bool(plan.ranges) or (pending is not None and pending.num_rows > 0)
 
 
-def _agreed_stage_one(where: str, results: list[dict]) -> dict[str, Any]:
-    """Stage 1's totals, which every instance computed from the same ``stat`` rows. They
-    differ only if Spark re-ran a stage-1 task whose output was not the same (enrichment
-    deadlines) after some instances had read it: then this attempt commits nothing."""
-    totals = [(r["stage_one"], r["watermark"]) for r in results]
+def _agreed_stage_one(where: str, results: list[dict]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stage 1's totals and the batch's event-time state, which every instance computed
+    from the same ``stat`` rows. They differ only if Spark re-ran a stage-1 task whose
+    output was not the same (enrichment deadlines) after some instances had read it: then
+    this attempt commits nothing."""
+    totals = [(r["stage_one"], r["event_time"]) for r in results]
     if any(t != totals[0] for t in totals[1:]):
         raise BatchError(
             f"{where}: the operator instances saw different stage-1 results (a stage-1 "
             "task ran twice with different output); nothing was committed, run the batch "
             "again"
         )
-    return totals[0][0]
+    return totals[0]
 
 
 def _ship_user_code(pipeline: Pipeline) -> None:

@@ -14,7 +14,7 @@ instance sees the same rows and gets the same watermark. In order:
 3. advance the watermark: ``on_timer`` for each due timer, in timestamp order;
 4. write its state file (full or only changed key-groups);
 5. stage each sink's output at deterministic keys;
-6. return a JSON summary (state snapshot, staged files, stats, stage-1 totals, watermark,
+6. return a JSON summary (state snapshot, staged files, stats, stage-1 totals, event time,
    pending elements) for the driver's manifest.
 
 The state clock is the batch's recorded processing time, not the wall clock, so TTL
@@ -177,9 +177,10 @@ class StageTwo:
         backend, stats = restore_instance(store, base, self.parallelism, instance, clock=clock)
         return backend, {"requests": stats.requests, "bytes": stats.bytes_read}
 
-    def stage_one(self, table: pa.Table) -> tuple[dict[str, Any], int | None]:
+    def stage_one(self, table: pa.Table) -> tuple[dict[str, Any], WatermarkState]:
         """The batch's stage-1 totals (from the ``stat`` rows every instance receives) and
-        the watermark they advance the batch to (None without event time)."""
+        the event-time state they advance the batch to (unchanged without event time):
+        the one place a batch's watermark is computed."""
         stat = table.filter(pc.equal(table.column("kind"), STAT))
         cols = stat.select(["topic", "partition", "payload"]).to_pydict()
         totals = stage_one_totals(
@@ -193,12 +194,13 @@ class StageTwo:
             state = advance(
                 state, totals["max_event"], self.processing_time_ms, self.pipeline.event_time
             )
-        return totals, state.watermark
+        return totals, state
 
     def run(self, instance: int, table: pa.Table) -> dict[str, Any]:
         t0 = time.perf_counter()
         pipeline = self.pipeline
-        totals, watermark = self.stage_one(table)
+        totals, event_time = self.stage_one(table)
+        watermark = event_time.watermark
         store = open_store(pipeline.checkpoints, self.settings)
         backend, restored = self.restore(store, instance)
         t_restore = time.perf_counter()
@@ -352,7 +354,7 @@ class StageTwo:
         return {
             "instance": instance,
             "stage_one": totals,
-            "watermark": watermark,
+            "event_time": event_time.to_json(),
             "pending": pending_rows(table),
             "snapshot": snapshot_to_json(snap),
             "staged": staged,

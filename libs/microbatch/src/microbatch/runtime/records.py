@@ -437,7 +437,7 @@ class StageOne:
                 if p.coordinates is None:
                     continue
                 topic, part, off = p.coordinates
-                inst = (part + off) % self.parallelism  # it passes through stage 2
+                inst = unkeyed_instance(part, off, self.parallelism)  # it passes through stage 2
                 out.add(PENDING, topic, part, off, 0, inst, None, None, None, p.to_bytes())
             return out.build(inputs, self.parallelism)
 
@@ -511,6 +511,12 @@ class _SourceBytes:
         return self._index.get(tuple(coords))
 
 
+def unkeyed_instance(part: int, off: int, parallelism: int) -> int:
+    """The operator instance of a row without a key (a dead letter, a pending element):
+    spread by source position, the same on every rerun."""
+    return (part + off) % parallelism
+
+
 class EnvelopeBuilder:
     """Envelope rows in arrival order, made into one Arrow batch at the end."""
 
@@ -551,7 +557,7 @@ class EnvelopeBuilder:
         seq: int = 0,
     ) -> None:
         """A dead letter, routed to a deterministic instance that stages it."""
-        inst = (part + off) % parallelism
+        inst = unkeyed_instance(part, off, parallelism)
         detail = DeadLetterDetail(reason, error, raw_key, raw_value, attempts).to_payload()
         self.add(DEAD_LETTER, topic, part, off, seq, inst, None, None, None, detail)
 

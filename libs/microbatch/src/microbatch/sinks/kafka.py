@@ -121,11 +121,7 @@ def last_published(
 ) -> int | None:
     """The last batch id published to ``topic`` by this sink, None if none yet."""
     admin = KafkaAdminClient(
-        **{
-            **(client_config or {}),
-            "bootstrap_servers": bootstrap_servers,
-            "request_timeout_ms": 30_000,
-        }
+        bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000, **(client_config or {})
     )
     try:
         group = marker_group(pipeline, sink_name)
@@ -159,14 +155,12 @@ def publish_messages(
     where = f"pipeline {pipeline!r} sink {sink_name!r} (topic {topic!r}, {bootstrap_servers})"
     try:
         producer = KafkaProducer(
-            **{
-                **(client_config or {}),
-                "bootstrap_servers": bootstrap_servers,
-                "transactional_id": transactional_id(pipeline, sink_name),
-                "enable_idempotence": True,
-                "acks": "all",
-                "linger_ms": 5,
-            }
+            bootstrap_servers=bootstrap_servers,
+            transactional_id=transactional_id(pipeline, sink_name),
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+            **(client_config or {}),
         )
     except Exception as e:
         raise SinkError(f"{where}: cannot create the transactional producer: {e}") from e
