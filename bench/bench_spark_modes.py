@@ -29,12 +29,13 @@ from typing import Any
 
 from benchlib import print_table
 
-from microbatch.demo import MALFORMED, create_topics, generate_clicks, produce
+from microbatch.examples.clicks import MALFORMED, generate_clicks
 from microbatch.localstack import KafkaBroker, SeaweedFS
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.seaweedfs import ALL_OFFSETS
 from microbatch.localstack.spark_cluster import SparkStandaloneCluster
 from microbatch.localstack.spark_connect import SparkConnectServer
+from microbatch.localstack.topics import create_topics, produce
 from microbatch.runner import run_job
 from microbatch.settings import Settings
 

@@ -80,14 +80,16 @@ def decide(
     published: bool = True,
 ) -> Decision:
     """The rules of the module docstring; ``end_offsets`` covers every source partition."""
-    from microbatch.kafka import partition_lag, snapshot_from_json
+    from microbatch.kafka import partition_lag
+    from microbatch.runtime.records import BatchRecord
 
     if manifest is None:
         return Decision(True, f"pipeline {facts.name!r} has no checkpoint yet: the first batch")
     cid = manifest.checkpoint_id
     if not published:
         return Decision(True, f"checkpoint {cid} is committed but unpublished: publish it")
-    committed = snapshot_from_json(manifest.metadata.get("offsets", {}))
+    record = BatchRecord.of(manifest)
+    committed = record.offsets
     lag = {str(tp): n for tp, n in partition_lag(end_offsets, committed).items()}
     new = sum(lag.values())
     if new:
@@ -95,13 +97,14 @@ def decide(
         return Decision(
             True, f"{new} new offsets since checkpoint {cid} (most in {', '.join(busy)})", new, lag
         )
-    pending = manifest.metadata.get("enrich_pending") or {}
-    if pending.get("count"):
+    pending = record.enrich_pending
+    if pending is not None and pending.count:
         return Decision(
-            True, f"{pending['count']} async elements pending from checkpoint {cid}", 0, lag
+            True, f"{pending.count} async elements pending from checkpoint {cid}", 0, lag
         )
     if facts.allowed_lateness_s is not None:
-        old, new_wm = watermark_now(facts, manifest.metadata.get("event_time"), now_ms)
+        event_time = None if record.event_time is None else record.event_time.to_json()
+        old, new_wm = watermark_now(facts, event_time, now_ms)
         if new_wm is not None and (old is None or new_wm > old):
             return Decision(
                 True,
@@ -132,16 +135,17 @@ def watermark_now(
 def check_for_work(facts: PipelineFacts, settings: Settings, now_ms: int) -> Decision:
     """Read the newest manifest and the Kafka end offsets; every client is closed."""
     from microbatch.checkpoint import Layout, latest_manifest
-    from microbatch.kafka import KafkaBrokerView, TopicPartition, snapshot_from_json
+    from microbatch.kafka import KafkaBrokerView, TopicPartition
+    from microbatch.runtime.publish import is_published
+    from microbatch.runtime.records import BatchRecord
     from microbatch.storage import open_store
 
     store = open_store(facts.checkpoints, settings)
     manifest = latest_manifest(store, Layout())
     if manifest is None:
         return decide(facts, None, {}, now_ms)
-    # The runtime marks a published batch with this key (runtime/batch.py is_published).
-    published = store.exists(f"published/{manifest.checkpoint_id:020d}")
-    known = set(snapshot_from_json(manifest.metadata.get("offsets", {})))
+    published = is_published(store, Layout(), manifest.checkpoint_id)
+    known = set(BatchRecord.of(manifest).offsets)
     with KafkaBrokerView.for_settings(settings, timeout_s=20.0) as view:
         for topic in facts.topics:
             known |= {TopicPartition(topic, p) for p in view.partitions_for(topic) or ()}

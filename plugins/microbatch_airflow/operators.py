@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -295,25 +294,12 @@ class MicrobatchNewDataOperator(BaseOperator):
         return event
 
 
-def load_job_pipeline(job: str, settings: Any, env: dict[str, str] | None = None) -> Any:
-    """The Pipeline of ``job`` as the job itself would build it: with the task's settings
-    and extra environment applied while its module runs (it reads ``MICROBATCH_*``)."""
+def load_job_pipeline(job: str, settings: Any, env: Mapping[str, str] | None = None) -> Any:
+    """The Pipeline of ``job`` as its batch would build it: for the task's settings, in the
+    environment the job's process gets (this one's, the settings', then the task's ``env``).
+    """
     import os
 
-    from microbatch.cli import load_pipeline
+    from microbatch.jobfile import load_pipeline
 
-    overlay = {**settings.to_env(), **(env or {})}
-    with _ENVIRON_LOCK:  # the API server loads pipelines from several threads
-        saved = {k: os.environ.get(k) for k in overlay}
-        os.environ.update(overlay)
-        try:
-            return load_pipeline(job)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-
-_ENVIRON_LOCK = threading.Lock()
+    return load_pipeline(job, settings, {**os.environ, **settings.to_env(), **(env or {})})

@@ -19,10 +19,11 @@ from urllib.parse import quote
 import pytest
 
 from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
-from microbatch.demo import ProfileService, create_topics
 from microbatch.examples.clickstream import ClickstreamConfig
+from microbatch.examples.profile_service import ProfileService
 from microbatch.localstack.airflow import AirflowStandalone
 from microbatch.localstack.process import free_port_block
+from microbatch.localstack.topics import create_topics
 from microbatch.storage import open_store
 from tests.e2e.conftest import StandaloneAirflow, airflow_env, parse_time, utcnow
 

@@ -14,8 +14,10 @@ import uuid
 import pytest
 
 from microbatch.checkpoint import Layout, list_checkpoints
-from microbatch.demo import ProfileService, create_topics, generate_clicks, produce
+from microbatch.examples.clicks import generate_clicks
 from microbatch.examples.clickstream import ClickstreamConfig
+from microbatch.examples.profile_service import ProfileService
+from microbatch.localstack.topics import create_topics, produce
 from microbatch.storage import open_store
 from tests.e2e.conftest import REPO, run_airflow_script
 
@@ -28,7 +30,7 @@ from airflow.dag_processing.dagbag import DagBag
 from airflow.models.asset import AssetEvent, AssetModel
 from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
-from microbatch.demo import produce
+from microbatch.localstack.topics import produce
 
 bag = DagBag(dag_folder=__DAGS__)
 dag = bag.get_dag("clickstream")

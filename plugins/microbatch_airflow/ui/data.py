@@ -34,6 +34,7 @@ def pipeline_view(
 ) -> dict[str, Any]:
     """Checkpoints, lag, watermark, timings and state size per key-group of ``pipeline``."""
     from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
+    from microbatch.runtime.records import BatchRecord, BatchStats
     from microbatch.storage import open_store
 
     store = open_store(pipeline.checkpoints, settings)
@@ -56,20 +57,20 @@ def pipeline_view(
     manifests = [load_manifest(store, layout, cid) for cid in ids[-recent:]]
     previous_ms: int | None = None
     for m in manifests:
-        stats = m.metadata.get("stats", {})
-        batch = m.metadata.get("batch", {})
-        at_ms = batch.get("processing_time_ms")
+        record = BatchRecord.of(m)
+        stats = record.stats or BatchStats()
+        at_ms = None if record.batch is None else record.batch.processing_time_ms
         view["checkpoints"].append(
             {
                 "id": m.checkpoint_id,
                 "created_at": m.created_at,
                 "parallelism": m.parallelism,
-                "records_in": stats.get("records_in", 0),
-                "dead_letters": stats.get("dead_letters", 0),
+                "records_in": stats.records_in,
+                "dead_letters": stats.dead_letters,
                 "state_bytes": m.total_bytes,
                 "state_keys": m.total_keys,
                 "full": m.full_checkpoint_id == m.checkpoint_id,
-                "replayed": bool(batch.get("replayed")),
+                "replayed": record.batch is not None and record.batch.replayed,
             }
         )
         view["timings"].append(_timing(m.checkpoint_id, stats, at_ms, previous_ms))
@@ -77,11 +78,12 @@ def pipeline_view(
     view["checkpoints"].reverse()  # newest first
     view["timings"].reverse()
     latest = manifests[-1]
+    latest_record = BatchRecord.of(latest)
     view["latest"] = {
         "id": latest.checkpoint_id,
         "created_at": latest.created_at,
-        "watermark": latest.metadata.get("watermark"),
-        "watermark_iso": fmt_ms(latest.metadata.get("watermark")),
+        "watermark": latest_record.watermark,
+        "watermark_iso": fmt_ms(latest_record.watermark),
         "parallelism": latest.parallelism,
         "max_parallelism": latest.max_parallelism,
         "state_bytes": latest.total_bytes,
@@ -91,20 +93,19 @@ def pipeline_view(
         {"key_group": kg, "bytes": 0 if e is None else e.length, "keys": 0 if e is None else e.keys}
         for kg, e in enumerate(latest.key_groups)
     ]
-    view["partitions"], error = _partitions(latest.metadata.get("offsets", {}), end_offsets)
+    view["partitions"], error = _partitions(latest_record.offsets, end_offsets)
     if error:
         view["errors"].append(error)
     return view
 
 
-def _timing(
-    cid: int, stats: Mapping[str, Any], at_ms: int | None, previous_ms: int | None
-) -> dict[str, Any]:
-    """Per batch: the slowest instance's phases (the batch's critical path on Spark)."""
-    instances = stats.get("instances", [])
+def _timing(cid: int, stats: Any, at_ms: int | None, previous_ms: int | None) -> dict[str, Any]:
+    """Per batch (``stats``: its ``BatchStats``): the slowest instance's phases (the
+    batch's critical path on Spark)."""
+    instances = stats.instances
     slowest: Mapping[str, float] = {}
     for inst in instances:
-        secs = inst.get("seconds") or {}
+        secs = inst.seconds
         if sum(secs.values()) >= sum(slowest.values()):
             slowest = secs
     return {
@@ -113,8 +114,8 @@ def _timing(
         "since_previous_s": None
         if at_ms is None or previous_ms is None
         else round((at_ms - previous_ms) / 1000, 1),
-        "records_in": stats.get("records_in", 0),
-        "batch_s": (stats.get("seconds") or {}).get("to_commit"),
+        "records_in": stats.records_in,
+        "batch_s": stats.seconds.get("to_commit"),
         "instances": len(instances),
         "slowest_instance_s": round(sum(slowest.values()), 3),
         "phases": {k: round(v, 3) for k, v in slowest.items()},
@@ -122,11 +123,10 @@ def _timing(
 
 
 def _partitions(
-    offsets_json: Mapping[str, Any], end_offsets: EndOffsets
+    committed: Mapping[Any, int], end_offsets: EndOffsets
 ) -> tuple[list[dict[str, Any]], str | None]:
-    from microbatch.kafka import partition_lag, snapshot_from_json
+    from microbatch.kafka import partition_lag
 
-    committed = snapshot_from_json(offsets_json)
     try:
         end = dict(end_offsets(sorted(committed)))
         error = None

@@ -16,8 +16,9 @@ from typing import Any
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.checkpoint.restore import restore_instance
-from microbatch.demo import MALFORMED, T0, create_topics, generate_clicks, produce
+from microbatch.examples.clicks import MALFORMED, T0, generate_clicks
 from microbatch.examples.clickstream import ClickstreamConfig, clickstream_pipeline
+from microbatch.localstack.topics import create_topics, produce
 from microbatch.runner import run_job
 from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.settings import Settings

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    from microbatch.demo import ProfileService
+    from microbatch.examples.profile_service import ProfileService
 
     service = ProfileService(5, 0.05, tmp_path_factory.mktemp("profiles") / "service.log")
     yield service

@@ -13,20 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from microbatch.demo import (
-    MALFORMED,
-    T0,
-    ProfileService,
-    create_topics,
-    generate_clicks,
-    produce,
-    read_topic,
-)
+from microbatch.examples.clicks import MALFORMED, T0, generate_clicks
 from microbatch.examples.clickstream import (
     ClickstreamConfig,
     clickstream_pipeline,
     reference_sessions,
 )
+from microbatch.examples.profile_service import ProfileService
+from microbatch.localstack.topics import create_topics, produce, read_topic
 from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 

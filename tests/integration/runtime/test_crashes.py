@@ -14,7 +14,7 @@ import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.checkpoint.restore import restore_instance
-from microbatch.demo import read_topic
+from microbatch.localstack.topics import read_topic
 from microbatch.runtime import CRASH_POINTS, BatchOptions, BatchRunner
 from microbatch.sinks import last_published, read_parquet_sink
 from microbatch.storage import open_store

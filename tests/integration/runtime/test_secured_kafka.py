@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
-from microbatch.demo import read_topic
 from microbatch.errors import SourceError
 from microbatch.kafka import consumer_group_name
+from microbatch.localstack.topics import read_topic
 from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store

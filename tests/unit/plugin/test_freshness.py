@@ -57,7 +57,14 @@ def test_a_partition_the_checkpoint_has_not_seen_counts_as_new():
 
 
 def test_pending_async_elements_run():
-    d = decide(FACTS, manifest({"clicks": {"0": 5}}, pending={"count": 4}), {P0: 5}, NOW)
+    d = decide(
+        FACTS,
+        manifest(
+            {"clicks": {"0": 5}}, pending={"file": "pending/00000000000000000001.arrow", "count": 4}
+        ),
+        {P0: 5},
+        NOW,
+    )
 
     assert d.run and "4 async elements pending" in d.reason
 

@@ -99,3 +99,26 @@ def test_a_backfill_run_is_never_skipped_as_idle():
     # The pipeline has read these records already: the check must not even look.
     assert op.execute({"dag_run": run, "params": {}}) == {"status": "new_data",
                                                           "message": "backfill"}  # fmt: skip
+
+
+def test_load_job_pipeline_uses_the_task_settings_and_env_without_touching_os_environ(
+    monkeypatch,
+):
+    import os
+    from pathlib import Path
+
+    from microbatch.settings import Settings
+    from microbatch_airflow.operators import load_job_pipeline
+
+    monkeypatch.setenv("MICROBATCH_CLICKSTREAM_TOPIC", "clicks-of-the-process")
+    monkeypatch.setenv("MICROBATCH_CLICKSTREAM_PARALLELISM", "4")
+    before = dict(os.environ)
+    job = str(Path(__file__).resolve().parents[3] / "jobs" / "clickstream.py")
+    settings = Settings.from_env(env={}, s3_bucket="task-bucket")
+
+    pipeline = load_job_pipeline(job, settings, {"MICROBATCH_CLICKSTREAM_TOPIC": "task-clicks"})
+
+    assert pipeline.source.topics == ("task-clicks",)  # the task's env wins
+    assert pipeline.parallelism == 4  # the process's environment still applies
+    assert pipeline.checkpoints == "s3://task-bucket/clickstream/checkpoints"
+    assert dict(os.environ) == before

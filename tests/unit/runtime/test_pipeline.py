@@ -73,7 +73,7 @@ def test_bad_source_sink_and_event_time_options_are_refused() -> None:
 
 
 def test_a_cluster_master_refuses_local_checkpoints_and_parquet_sinks() -> None:
-    from microbatch.runtime.batch import check_storage_for_master
+    from microbatch.runtime.execute import check_storage_for_master
 
     local = make(sinks=[ParquetSink("out", "/tmp/out")])
     check_storage_for_master(local, "local[2]")

@@ -53,14 +53,14 @@ def test_a_backfill_rewinds_to_the_checkpoint_that_ended_at_the_interval_start()
     target = find_rewind_target("p", by_id[2], 5 * MIN, load)
     assert target is not None
     assert (target.checkpoint_id, target.undone_from, target.at_ms) == (0, 1, 5 * MIN)
-    assert target.offsets == {"t": {"0": 10}}
+    assert target.offsets == {("t", 0): 10}
 
 
 def test_the_first_interval_rewinds_to_before_the_first_batch() -> None:
     by_id, load = lineage(batch(0, 0, 5 * MIN, None), batch(1, 5 * MIN, 10 * MIN, 0))
     target = find_rewind_target("p", by_id[1], 0, load)
     assert target is not None and target.manifest is None
-    assert (target.undone_from, target.offsets) == (0, {"t": {"0": 0}})
+    assert (target.undone_from, target.offsets) == (0, {("t", 0): 0})
 
 
 def test_a_replay_copy_stands_for_its_source_even_once_retention_removed_it() -> None:

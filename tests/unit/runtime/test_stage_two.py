@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,9 +12,11 @@ import pytest
 
 from microbatch.errors import BatchError
 from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pipeline
-from microbatch.runtime.batch import _agreed_stage_one
-from microbatch.runtime.keyed import StageTwo, key_runs
-from microbatch.runtime.records import ENVELOPE_SCHEMA, EnvelopeBuilder
+from microbatch.runtime.envelope import ENVELOPE_SCHEMA, EnvelopeBuilder
+from microbatch.runtime.protocol import agreed_stage_one
+from microbatch.runtime.records import StageOneTotals
+from microbatch.runtime.stage_two import StageTwo, key_runs
+from microbatch.runtime.watermark import WatermarkState
 from microbatch.settings import Settings
 
 
@@ -72,8 +75,8 @@ def test_every_instance_gets_the_batch_watermark_from_the_stat_rows() -> None:
     totals, event_time = _stage_two(allowed_lateness_s=1).stage_one(table)
 
     assert event_time.watermark == 7_000 - 1_000  # min(t/0: 7000, t/1: 9000) - lateness
-    assert totals["max_event"] == {"t/0": 7_000, "t/1": 9_000}
-    assert totals["inputs"] == totals["records"] == 4
+    assert totals.max_event == {"t/0": 7_000, "t/1": 9_000}
+    assert totals.inputs == totals.records == 4
 
 
 def test_an_instance_without_stat_rows_keeps_the_watermark_it_started_with() -> None:
@@ -87,9 +90,14 @@ def test_an_instance_without_stat_rows_keeps_the_watermark_it_started_with() -> 
 
 
 def test_instances_that_saw_different_stage_one_output_commit_nothing() -> None:
-    same = {"stage_one": {"inputs": 4}, "event_time": {"watermark": 6_000}}
-    assert _agreed_stage_one("pipeline 'p' batch 3", [same, same])[0] == {"inputs": 4}
+    def result(inputs: int) -> SimpleNamespace:  # the two fields of an InstanceResult it reads
+        return SimpleNamespace(
+            stage_one=StageOneTotals(inputs=inputs), event_time=WatermarkState(watermark=6_000)
+        )
 
-    other = {"stage_one": {"inputs": 5}, "event_time": {"watermark": 6_000}}
+    same = result(4)
+    assert agreed_stage_one("pipeline 'p' batch 3", [same, same])[0] == StageOneTotals(inputs=4)
+
+    other = result(5)
     with pytest.raises(BatchError, match=r"pipeline 'p' batch 3: .* nothing was committed"):
-        _agreed_stage_one("pipeline 'p' batch 3", [same, other])
+        agreed_stage_one("pipeline 'p' batch 3", [same, other])

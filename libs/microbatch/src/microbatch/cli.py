@@ -19,45 +19,24 @@ naming what went wrong and exit 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
-import importlib
-import importlib.util
 import json
 import logging
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, NoReturn
 
 from microbatch.errors import ConfigError, MicrobatchError
 
 
 def load_pipeline(ref: str) -> Any:
-    """The Pipeline object ``ref`` points at (see the module docstring)."""
-    from microbatch.runtime import Pipeline
+    """The Pipeline ``ref`` points at, built from this process's settings and environment
+    (a job file's ``pipeline`` may be a function of them: see :mod:`microbatch.jobfile`)."""
+    from microbatch.jobfile import load_pipeline as load_job_pipeline
 
-    target, _, attr = ref.partition(":")
-    attr = attr or "pipeline"
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise ConfigError(f"pipeline file {target!r} does not exist")
-        name = f"microbatch_job_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"cannot import {target!r}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    obj = getattr(module, attr, None)
-    if callable(obj) and not isinstance(obj, Pipeline):
-        obj = obj()
-    if not isinstance(obj, Pipeline):
-        raise ConfigError(f"{ref!r}: {attr!r} is not a microbatch Pipeline (got {obj!r:.100})")
-    return obj
+    return load_job_pipeline(ref)
 
 
 def parse_time_ms(text: str) -> int:
@@ -145,14 +124,16 @@ def _progress(args: argparse.Namespace, text: str) -> None:
 
 def cmd_status(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout, latest_manifest
-    from microbatch.kafka import KafkaBrokerView, partition_lag, snapshot_from_json
+    from microbatch.kafka import KafkaBrokerView, partition_lag
+    from microbatch.runtime.records import BatchRecord
 
     pipeline = load_pipeline(args.pipeline)
     store = _store(pipeline, settings)
     m = latest_manifest(store, Layout())
     if m is None:
         return {"pipeline": pipeline.name, "checkpoint": None, "checkpoints_url": store.url}
-    offsets = snapshot_from_json(m.metadata.get("offsets", {}))
+    record = BatchRecord.of(m)
+    offsets = record.offsets
     with KafkaBrokerView.for_settings(settings) as view:
         end = view.end_offsets(list(offsets))
     lag = partition_lag(end, offsets)
@@ -163,10 +144,10 @@ def cmd_status(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "created_at": m.created_at,
         "parallelism": m.parallelism,
         "max_parallelism": m.max_parallelism,
-        "watermark": m.metadata.get("watermark"),
+        "watermark": record.watermark,
         "state_bytes": m.total_bytes,
         "state_keys": m.total_keys,
-        "last_batch": m.metadata.get("stats", {}),
+        "last_batch": {} if record.stats is None else record.stats.to_json(),
         "partitions": [
             {"partition": str(tp), "committed": offsets[tp], "end": end.get(tp), "lag": lag[tp]}
             for tp in sorted(lag)
@@ -191,21 +172,23 @@ def _print_status(s: dict[str, Any]) -> None:
 
 def cmd_checkpoints(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
+    from microbatch.runtime.records import BatchRecord, BatchStats
 
     pipeline = load_pipeline(args.pipeline)
     store = _store(pipeline, settings)
     rows = []
     for cid in list_checkpoints(store, Layout()):
         m = load_manifest(store, Layout(), cid)
-        stats = m.metadata.get("stats", {})
+        record = BatchRecord.of(m)
+        stats = record.stats or BatchStats()
         rows.append(
             {
                 "checkpoint": cid,
                 "created_at": m.created_at,
                 "parallelism": m.parallelism,
-                "records_in": stats.get("records_in", 0),
-                "dead_letters": stats.get("dead_letters", 0),
-                "watermark": _fmt_ms(m.metadata.get("watermark")),
+                "records_in": stats.records_in,
+                "dead_letters": stats.dead_letters,
+                "watermark": _fmt_ms(record.watermark),
                 "state_bytes": m.total_bytes,
                 "full": m.full_checkpoint_id == cid,
             }
@@ -225,6 +208,7 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout, latest_manifest, reshard
     from microbatch.runtime import fence
+    from microbatch.runtime.records import BatchRecord, ReshardOrigin
 
     pipeline = load_pipeline(args.pipeline)
     store = _store(pipeline, settings)
@@ -239,7 +223,10 @@ def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
                 f"checkpoint {m.checkpoint_id} already has max_parallelism {target}; change "
                 "max_parallelism in the pipeline (or pass --max-parallelism) first"
             )
-        result = reshard(store, Layout(), m.checkpoint_id, target)
+        record = dataclasses.replace(
+            BatchRecord.of(m), resharded_from=ReshardOrigin(m.checkpoint_id, m.max_parallelism)
+        )
+        result = reshard(store, Layout(), m.checkpoint_id, target, metadata=record.to_json())
     return {
         "pipeline": pipeline.name,
         "from_checkpoint": m.checkpoint_id,
@@ -250,7 +237,8 @@ def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    from microbatch.runtime.batch import BatchRunner
+    from microbatch.runtime.protocol import BatchRunner
+    from microbatch.runtime.records import BatchRecord
 
     pipeline = load_pipeline(args.pipeline)
     runner = BatchRunner(None, pipeline, settings)  # a rollback needs no Spark
@@ -260,17 +248,17 @@ def cmd_replay(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     return {
         "pipeline": pipeline.name,
         "checkpoint": m.checkpoint_id,
-        "replayed_from": m.metadata["replayed_from"],
+        "replayed_from": BatchRecord.of(m).replayed_from.to_json(),  # type: ignore[union-attr]
     }
 
 
 def cmd_unlock(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    from microbatch.runtime.fence import LEASE_KEY
+    from microbatch.checkpoint import Layout
 
     pipeline = load_pipeline(args.pipeline)
     store = _store(pipeline, settings)
-    held = store.exists(LEASE_KEY)
-    store.delete(LEASE_KEY)
+    held = store.exists(Layout().lease_key)
+    store.delete(Layout().lease_key)
     return {"pipeline": pipeline.name, "released": held}
 
 

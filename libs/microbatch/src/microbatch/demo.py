@@ -25,130 +25,22 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from microbatch.errors import MicrobatchError, ServiceError
+from microbatch.errors import MicrobatchError
+from microbatch.examples.clicks import MALFORMED, MINUTE_MS, T0, generate_clicks
+from microbatch.examples.profile_service import ProfileService
 from microbatch.localstack import LocalStack, stop_on_sigterm
-from microbatch.localstack.process import free_port_block
+from microbatch.localstack.topics import create_topics, produce, read_topic
 from microbatch.settings import Settings
-
-MIN = 60_000
-T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z: simulated event time starts here
-
-
-def generate_clicks(users: int, hours: float, seed: int) -> list[dict[str, Any]]:
-    """Sessions of clicks per user: clicks 1-10 min apart, sessions 35-120 min apart."""
-    rng = random.Random(seed)
-    pages = [f"/{p}" for p in ("home", "search", "item", "cart", "checkout", "help")]
-    clicks = []
-    for u in range(users):
-        ts = T0 + rng.randrange(0, 60 * MIN)
-        while ts < T0 + hours * 60 * MIN:
-            for _ in range(rng.randint(1, 8)):
-                clicks.append({"user_id": f"user-{u:04d}", "page": rng.choice(pages), "ts": ts})
-                ts += rng.randint(1, 10) * MIN
-            ts += rng.randint(35, 120) * MIN
-    return sorted(clicks, key=lambda c: (c["ts"], c["user_id"]))
-
-
-MALFORMED = [b"{not json", b'{"page": "/home", "ts": 1}', b'{"user_id": "x", "ts": "soon"}']
-
-
-def produce(bootstrap: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
-    try:
-        for key, value in values:
-            producer.send(topic, key=key, value=value)
-        producer.flush()
-    finally:
-        producer.close()
-
-
-def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics(
-            {t: {"num_partitions": n, "replication_factor": 1} for t, n in topics.items()},
-            wait_for_metadata=True,
-        )
-    finally:
-        admin.close()
-
-
-def read_topic(bootstrap: str, topic: str) -> list[Any]:
-    """Every message of ``topic`` as a ``read_committed`` consumer sees it."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
-    )
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
-        out: list[Any] = []
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=1000).values():
-                out += records
-        return out
-    finally:
-        consumer.close()
-
-
-class ProfileService:
-    """The demo's profile service in a subprocess on a free loopback port."""
-
-    def __init__(self, latency_ms: float, error_rate: float, log: Path) -> None:
-        self.port = free_port_block([0])
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "microbatch.examples.profile_service",
-            "--port",
-            str(self.port),
-            "--latency-ms",
-            str(latency_ms),
-            "--error-rate",
-            str(error_rate),
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{self.url}/health", timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.2)
-        self.stop()
-        raise ServiceError(f"profile service did not start on {self.url}; see {log}")
-
-    def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(f"{self.url}/stats", timeout=5) as resp:
-            return json.loads(resp.read())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def kill_batch_midway(
     job: Path, env: dict[str, str], store: Any, batch_id: int, log: Path, after_s: float
 ) -> str:
     """Run a batch in its own process and SIGKILL it once it has planned and started."""
-    from microbatch.runtime.batch import spec_key
+    from microbatch.checkpoint import Layout
 
     cmd = [sys.executable, str(job), "--parallelism", "3", "--run-id", "demo-batch-1"]
     with log.open("a") as out:
@@ -156,7 +48,7 @@ def kill_batch_midway(
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         deadline = time.monotonic() + 180
-        while not store.exists(spec_key(batch_id)):
+        while not store.exists(Layout().spec_key(batch_id)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise MicrobatchError(f"the batch process ended before planning; see {log}")
             time.sleep(0.2)
@@ -246,12 +138,12 @@ def run_demo(
     )
 
     clicks = generate_clicks(args.users, args.hours, args.seed)
-    half = T0 + int(args.hours * 30 * MIN)
+    half = T0 + int(args.hours * 30 * MINUTE_MS)
     phase1 = [c for c in clicks if c["ts"] < half]
     phase2 = [c for c in clicks if c["ts"] >= half]
     rng = random.Random(args.seed)
     late = [
-        {**rng.choice(phase1), "ts": T0 + rng.randrange(0, 30 * MIN), "page": "/late"}
+        {**rng.choice(phase1), "ts": T0 + rng.randrange(0, 30 * MINUTE_MS), "page": "/late"}
         for _ in range(20)
     ]
 

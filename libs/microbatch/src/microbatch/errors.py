@@ -64,3 +64,11 @@ class ProcessError(MicrobatchError):
 
 class BatchError(MicrobatchError):
     """A batch cannot run or commit: another run holds the pipeline, or it failed a check."""
+
+
+def error_text(e: BaseException, limit: int = 2000) -> str:
+    """An exception as one short line (its type and message, no traceback), for a dead
+    letter's ``error`` or an error message about user code."""
+    import traceback
+
+    return "".join(traceback.format_exception_only(type(e), e)).strip()[:limit]

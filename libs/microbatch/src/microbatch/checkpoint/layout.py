@@ -1,9 +1,15 @@
-"""Where a pipeline's checkpoint objects live inside a store.
+"""Where a pipeline's objects live inside its checkpoint store: the one owner of every key.
 
 ::
 
     <prefix>manifests/<id:020d>.json                       commit points, one per checkpoint
     <prefix>state/<id:020d>/<instance:05d>-<attempt>.arrow  one state file per instance
+    <prefix>plans/<id:020d>.json                           the offset ranges a batch reads
+    <prefix>batches/<id:020d>.json                         the batch's run spec (parallelism)
+    <prefix>pending/<id:020d>.arrow                        enrichment inputs left unfinished
+    <prefix>staging/<id:020d>/<sink>/part-<instance:05d>.arrow  Kafka output before publish
+    <prefix>published/<id:020d>                            the batch's output is visible
+    <prefix>lease.json                                     which run works on the pipeline
 
 Zero-padded ids make a plain sorted listing chronological. ``attempt`` is random per
 write, so a retried or racing attempt never overwrites a file a manifest may reference.
@@ -31,6 +37,7 @@ class Layout:
         if self.prefix and not self.prefix.endswith("/"):
             object.__setattr__(self, "prefix", self.prefix + "/")
 
+    # Checkpoints: manifests and state files ------------------------------------------
     @property
     def manifests(self) -> str:
         return f"{self.prefix}manifests/"
@@ -57,6 +64,61 @@ class Layout:
         """The checkpoint id a state file was written for, None for anything else."""
         m = _STATE.search(key[len(self.prefix) :])
         return int(m.group(1)) if m else None
+
+    # The batch protocol's objects, one per batch -------------------------------------
+    @property
+    def plans(self) -> str:
+        return f"{self.prefix}plans/"
+
+    @property
+    def specs(self) -> str:
+        return f"{self.prefix}batches/"
+
+    @property
+    def pending(self) -> str:
+        return f"{self.prefix}pending/"
+
+    @property
+    def staging(self) -> str:
+        return f"{self.prefix}staging/"
+
+    @property
+    def published(self) -> str:
+        return f"{self.prefix}published/"
+
+    @property
+    def lease_key(self) -> str:
+        return f"{self.prefix}lease.json"
+
+    def plan_key(self, batch_id: int) -> str:
+        return f"{self.plans}{check_checkpoint_id(batch_id):020d}.json"
+
+    def spec_key(self, batch_id: int) -> str:
+        return f"{self.specs}{check_checkpoint_id(batch_id):020d}.json"
+
+    def pending_key(self, batch_id: int) -> str:
+        return f"{self.pending}{check_checkpoint_id(batch_id):020d}.arrow"
+
+    def published_key(self, batch_id: int) -> str:
+        return f"{self.published}{check_checkpoint_id(batch_id):020d}"
+
+    def staging_dir(self, batch_id: int) -> str:
+        return f"{self.staging}{check_checkpoint_id(batch_id):020d}/"
+
+    def staging_key(self, batch_id: int, sink: str, instance: int) -> str:
+        return f"{self.staging_dir(batch_id)}{sink}/part-{instance:05d}.arrow"
+
+    def per_batch_prefixes(self) -> tuple[str, ...]:
+        """The prefixes holding one object (or folder) per batch id, for retention."""
+        return (self.specs, self.plans, self.pending, self.published, self.staging)
+
+    def batch_of(self, key: str) -> int | None:
+        """The batch id of a per-batch object's key, None for anything else."""
+        for prefix in self.per_batch_prefixes():
+            if key.startswith(prefix):
+                head = key[len(prefix) :].split("/", 1)[0].split(".", 1)[0]
+                return int(head) if head.isdigit() else None
+        return None
 
 
 def check_checkpoint_id(checkpoint_id: int) -> int:

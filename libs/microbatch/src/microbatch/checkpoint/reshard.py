@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from microbatch.checkpoint.catalog import load_manifest
 from microbatch.checkpoint.layout import Layout
@@ -62,8 +63,12 @@ def reshard(
     *,
     target_id: int | None = None,
     parallelism: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> ReshardResult:
-    """Rewrite checkpoint ``source_id`` for ``new_max_parallelism`` and commit it."""
+    """Rewrite checkpoint ``source_id`` for ``new_max_parallelism`` and commit it.
+
+    ``metadata``: the new manifest's (the runtime passes its batch record, marked as a
+    reshard's copy); by default the source's, with ``resharded_from`` added."""
     check_max_parallelism(new_max_parallelism)
     source = load_manifest(store, layout, source_id)
     target_id = source_id + 1 if target_id is None else target_id
@@ -92,9 +97,13 @@ def reshard(
         write_instance(store, layout, b, target_id, i, None, full=True)
         for i, b in enumerate(backends)
     ]
-    metadata = dict(source.metadata) | {
-        "resharded_from": {"checkpoint_id": source_id, "max_parallelism": source.max_parallelism}
-    }
+    if metadata is None:
+        metadata = dict(source.metadata) | {
+            "resharded_from": {
+                "checkpoint_id": source_id,
+                "max_parallelism": source.max_parallelism,
+            }
+        }
     manifest = build_manifest(
         target_id,
         snaps,

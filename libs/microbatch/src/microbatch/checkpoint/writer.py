@@ -51,6 +51,34 @@ class InstanceSnapshot:
         """Step 4: after the commit, the written key-groups are clean again."""
         backend.dirty.difference_update(self.written)
 
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready, for the trip from a Spark task to the driver."""
+        return {
+            "index": self.index,
+            "key_groups": [self.key_groups.start, self.key_groups.end],
+            "entries": {
+                str(kg): None if e is None else dataclasses.asdict(e)
+                for kg, e in self.entries.items()
+            },
+            "written": sorted(self.written),
+            "file": self.file,
+            "bytes_written": self.bytes_written,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> InstanceSnapshot:
+        return cls(
+            index=body["index"],
+            key_groups=KeyGroupRange(*body["key_groups"]),
+            entries={
+                int(kg): None if e is None else KeyGroupEntry(**e)
+                for kg, e in body["entries"].items()
+            },
+            written=frozenset(body["written"]),
+            file=body["file"],
+            bytes_written=body["bytes_written"],
+        )
+
 
 def should_write_full(base: Manifest | None, checkpoint_id: int, full_every: int) -> bool:
     """A full rewrite when there is no base, or ``full_every`` checkpoints since the last.

@@ -5,14 +5,26 @@ with probability ``error_rate`` it answers 503 instead (the pipeline retries). P
 a pure function of the user id, so any run enriches a user the same way::
 
     python -m microbatch.examples.profile_service --port 8765 --latency-ms 10 --error-rate 0.05
+
+:class:`ProfileService` runs it that way in a subprocess, for the demo, ``make airflow``
+and the tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
+import subprocess
+import sys
+import time
+import urllib.request
 import zlib
+from pathlib import Path
+
+from microbatch.errors import ServiceError
+from microbatch.localstack.process import free_port_block
 
 SEGMENTS = ("bronze", "silver", "gold", "platinum")
 COUNTRIES = ("DE", "FR", "US", "JP", "BR", "IN")
@@ -68,6 +80,48 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     app = make_app(args.latency_ms, args.error_rate, args.seed)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+
+
+class ProfileService:
+    """The profile service in a subprocess on a free loopback port; ready once constructed."""
+
+    def __init__(self, latency_ms: float, error_rate: float, log: Path) -> None:
+        self.port = free_port_block([0])
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "microbatch.examples.profile_service",
+            "--port",
+            str(self.port),
+            "--latency-ms",
+            str(latency_ms),
+            "--error-rate",
+            str(error_rate),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+        self.stop()
+        raise ServiceError(f"profile service did not start on {self.url}; see {log}")
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(f"{self.url}/stats", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 if __name__ == "__main__":

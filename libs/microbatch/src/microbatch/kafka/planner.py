@@ -30,6 +30,7 @@ from collections.abc import Collection, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from microbatch.checkpoint.layout import Layout
 from microbatch.errors import SourceError
 from microbatch.kafka.assignment import source_task
 from microbatch.kafka.offsets import (
@@ -505,16 +506,14 @@ def plan_batch(
 
 
 class PlanStore:
-    """Plans at ``<prefix>plans/<batch_id:020d>.json``, written once (exclusive create)."""
+    """Plans at the layout's ``plans/<batch_id:020d>.json``, written once (exclusive create)."""
 
     def __init__(self, store: ObjectStore, prefix: str = "") -> None:
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
         self.store = store
-        self.prefix = prefix
+        self.layout = Layout(prefix)
 
     def key(self, batch_id: int) -> str:
-        return f"{self.prefix}plans/{batch_id:020d}.json"
+        return self.layout.plan_key(batch_id)
 
     def load(self, batch_id: int) -> BatchPlan | None:
         """The stored plan of ``batch_id``, or ``None`` if none was written."""

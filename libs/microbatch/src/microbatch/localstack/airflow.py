@@ -33,6 +33,7 @@ from typing import Any
 from microbatch.errors import MicrobatchError, ServiceError
 from microbatch.localstack import LocalStack, stop_on_sigterm
 from microbatch.localstack.process import ServiceProcess, free_port_block, pid_alive, port_is_free
+from microbatch.localstack.topics import create_topics
 from microbatch.settings import Settings
 
 EXAMPLE_DAG = "clickstream"
@@ -264,8 +265,6 @@ def ensure_topics(bootstrap: str, topics: Mapping[str, int]) -> list[str]:
     """Create the topics that do not exist yet (partitions per topic); the created ones."""
     from kafka import KafkaAdminClient
 
-    from microbatch.demo import create_topics
-
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         existing = set(admin.list_topics())
@@ -278,8 +277,8 @@ def ensure_topics(bootstrap: str, topics: Mapping[str, int]) -> list[str]:
 
 
 def main() -> int:
-    from microbatch.demo import ProfileService
     from microbatch.examples.clickstream import ClickstreamConfig
+    from microbatch.examples.profile_service import ProfileService
 
     stop_on_sigterm()
     settings = Settings.from_env()

@@ -1,31 +1,24 @@
 """The micro-batch runtime: pipeline definitions and the exactly-once batch protocol.
 
-Defining a pipeline imports nothing heavy; the batch machinery (Spark, Kafka clients,
+Defining a pipeline imports no Spark or Kafka client; the batch machinery (Spark, Kafka clients,
 Arrow) loads on first use of :class:`BatchRunner` and friends.
 """
 
 from typing import Any
 
 from microbatch.runtime.faults import CRASH_POINTS, InjectedCrash
-from microbatch.runtime.pipeline import (
-    DeadLetterSink,
-    Enrichment,
-    EventTime,
-    KafkaSink,
-    KafkaSource,
-    ParquetSink,
-    Pipeline,
-)
+from microbatch.runtime.pipeline import Enrichment, EventTime, KafkaSource, Pipeline
 from microbatch.runtime.process import KeyedProcessFunction, ProcessContext
+from microbatch.sinks import DeadLetterSink, KafkaSink, ParquetSink
 
 _BATCH_NAMES = ("BatchOptions", "BatchResult", "BatchRunner", "run_batch")
 
 
 def __getattr__(name: str) -> Any:
     if name in _BATCH_NAMES:
-        from microbatch.runtime import batch
+        from microbatch.runtime import protocol
 
-        return getattr(batch, name)
+        return getattr(protocol, name)
     raise AttributeError(f"module 'microbatch.runtime' has no attribute {name!r}")
 
 

@@ -16,11 +16,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from microbatch.checkpoint.layout import Layout
 from microbatch.errors import BatchError
 from microbatch.storage import AlreadyExistsError, ObjectNotFoundError, ObjectStore
 
 log = logging.getLogger(__name__)
-LEASE_KEY = "lease.json"
+LEASE_KEY = Layout().lease_key
 
 
 def _read(store: ObjectStore) -> dict | None:

@@ -25,15 +25,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from microbatch.errors import ConfigError
 from microbatch.keygroups import check_max_parallelism
 from microbatch.runtime.process import KeyedProcessFunction
+from microbatch.sinks import DEAD_LETTER_SINK, DeadLetterSink, KafkaSink, ParquetSink, Sink
+from microbatch.sinks.deadletters import check_sinks
+from microbatch.validation import check_name, check_positive
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+__all__ = [
+    "DEAD_LETTER_SINK",
+    "DeadLetterSink",
+    "Enrichment",
+    "EventTime",
+    "KafkaSink",
+    "KafkaSource",
+    "ParquetSink",
+    "Pipeline",
+    "check_parallelism_for",
+    "json_decoder",
+]
 
 Decoder = Callable[[bytes], Any]
 OnOutOfRange = Literal["fail", "earliest"]
@@ -44,22 +57,6 @@ _READERS = ("auto", "python", "spark")
 def json_decoder(value: bytes) -> Any:
     """The default value decoder: UTF-8 JSON."""
     return json.loads(value)
-
-
-def _check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(
-            f"{kind} name {name!r} must be 1-100 characters of letters, digits, '_', '.', '-' "
-            "(it names objects, topics and consumer groups)"
-        )
-    return name
-
-
-def _check_positive(what: str, value: float | None, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{what} must be a positive number, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +91,7 @@ class KafkaSource:
         if not self.topics:
             raise ConfigError("KafkaSource needs at least one topic")
         for t in self.topics:
-            _check_name("topic", t)
+            check_name("topic", t)
         if self.starting not in ("earliest", "latest") and (
             isinstance(self.starting, bool) or not isinstance(self.starting, int)
         ):
@@ -102,8 +99,8 @@ class KafkaSource:
                 f"KafkaSource starting must be 'earliest', 'latest' or an epoch-ms int, "
                 f"got {self.starting!r}"
             )
-        _check_positive("max_records_per_partition", self.max_records_per_partition)
-        _check_positive("max_records_per_batch", self.max_records_per_batch)
+        check_positive("max_records_per_partition", self.max_records_per_partition)
+        check_positive("max_records_per_batch", self.max_records_per_batch)
         if self.on_out_of_range not in ("fail", "earliest"):
             raise ConfigError(
                 f"on_out_of_range must be 'fail' or 'earliest', got {self.on_out_of_range!r}"
@@ -134,7 +131,7 @@ class Enrichment:
     def __post_init__(self) -> None:
         if not callable(self.make_operator):
             raise ConfigError(f"Enrichment make_operator must be callable: {self.make_operator!r}")
-        _check_positive("Enrichment deadline_s", self.deadline_s)
+        check_positive("Enrichment deadline_s", self.deadline_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,74 +154,8 @@ class EventTime:
             raise ConfigError(f"EventTime field must be a record field name: {self.field!r}")
         if isinstance(self.allowed_lateness_s, bool) or not self.allowed_lateness_s >= 0:
             raise ConfigError(f"allowed_lateness_s must be >= 0: {self.allowed_lateness_s!r}")
-        _check_positive("idle_timeout_s", self.idle_timeout_s)
+        check_positive("idle_timeout_s", self.idle_timeout_s)
 
-
-@dataclasses.dataclass(frozen=True)
-class ParquetSink:
-    """Parquet files at ``url`` (a path, ``file:///dir`` or ``s3://bucket/prefix``).
-
-    Each batch writes ``batch=<id>/part-<instance>.parquet``; a batch becomes visible when
-    its entry appears in ``_commits/`` — use :func:`microbatch.sinks.read_parquet_sink` (or
-    follow ``_commits/`` yourself) to read only committed batches. ``schema`` (a
-    ``pyarrow.Schema``) is recommended; without it the schema is inferred per file.
-    """
-
-    name: str
-    url: str
-    schema: Any = None
-
-    def __post_init__(self) -> None:
-        _check_name("sink", self.name)
-        if not self.url:
-            raise ConfigError(f"sink {self.name!r}: url is empty")
-
-
-@dataclasses.dataclass(frozen=True)
-class KafkaSink:
-    """JSON records to ``topic``, exactly once for ``read_committed`` consumers.
-
-    ``key_field`` picks the message key (None: no key). Values are UTF-8 JSON with sorted
-    keys, so reruns produce identical bytes.
-    """
-
-    name: str
-    topic: str
-    key_field: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_name("sink", self.name)
-        _check_name("topic", self.topic)
-
-
-@dataclasses.dataclass(frozen=True)
-class DeadLetterSink:
-    """Where bad records go: a Kafka ``topic`` or a Parquet ``path`` (exactly one).
-
-    Every dead letter carries the reason, the error, the source topic/partition/offset,
-    and the raw key and value. ``max_ratio`` fails the batch when more than that fraction
-    of its records are dead letters (None: never).
-    """
-
-    topic: str | None = None
-    path: str | None = None
-    max_ratio: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.topic is None) == (self.path is None):
-            raise ConfigError("DeadLetterSink needs exactly one of topic= or path=")
-        if self.topic is not None:
-            _check_name("dead-letter topic", self.topic)
-        if self.max_ratio is not None and not (0 <= self.max_ratio <= 1):
-            raise ConfigError(f"DeadLetterSink max_ratio must be in 0..1: {self.max_ratio!r}")
-
-    def as_sink(self) -> ParquetSink | KafkaSink:
-        if self.topic is not None:
-            return KafkaSink(DEAD_LETTER_SINK, self.topic)
-        return ParquetSink(DEAD_LETTER_SINK, self.path or "")
-
-
-DEAD_LETTER_SINK = "dead_letters"
 
 OnProcessError = Literal["fail", "dead_letter"]
 
@@ -238,7 +169,7 @@ class Pipeline:
     process: KeyedProcessFunction
     checkpoints: str
     key_by: str | Callable[[Any], Any] | None = None
-    sinks: Sequence[ParquetSink | KafkaSink] = ()
+    sinks: Sequence[Sink] = ()
     dead_letters: DeadLetterSink | None = None
     enrich: Enrichment | None = None
     event_time: EventTime | None = None
@@ -250,7 +181,7 @@ class Pipeline:
     lease_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        _check_name("pipeline", self.name)
+        check_name("pipeline", self.name)
         object.__setattr__(self, "sinks", tuple(self.sinks))
         where = f"pipeline {self.name!r}"
         if not isinstance(self.source, KafkaSource):
@@ -273,14 +204,7 @@ class Pipeline:
         except Exception as e:
             raise ConfigError(f"{where}: {e}") from None
         check_parallelism_for(self, self.parallelism)
-        names = [s.name for s in self.sinks]
-        if self.dead_letters is not None:
-            names.append(DEAD_LETTER_SINK)
-        for s in self.sinks:
-            if not isinstance(s, ParquetSink | KafkaSink):
-                raise ConfigError(f"{where}: unknown sink {s!r} (ParquetSink or KafkaSink)")
-        if len(set(names)) != len(names):
-            raise ConfigError(f"{where}: sink names must be unique, got {names}")
+        check_sinks(where, self.sinks, self.dead_letters)
         if self.on_process_error not in ("fail", "dead_letter"):
             raise ConfigError(
                 f"{where}: on_process_error must be 'fail' or 'dead_letter', "
@@ -290,14 +214,14 @@ class Pipeline:
             raise ConfigError(f"{where}: on_process_error='dead_letter' needs dead_letters=")
         if not isinstance(self.retain_checkpoints, int) or self.retain_checkpoints < 1:
             raise ConfigError(f"{where}: retain_checkpoints must be >= 1")
-        _check_positive(f"{where}: lease_timeout_s", self.lease_timeout_s, allow_none=False)
+        check_positive(f"{where}: lease_timeout_s", self.lease_timeout_s, allow_none=False)
 
-    def all_sinks(self) -> tuple[ParquetSink | KafkaSink, ...]:
+    def all_sinks(self) -> tuple[Sink, ...]:
         """User sinks plus the dead-letter sink, in a fixed order."""
-        extra = (self.dead_letters.as_sink(),) if self.dead_letters is not None else ()
+        extra = (self.dead_letters,) if self.dead_letters is not None else ()
         return tuple(self.sinks) + extra
 
-    def sink(self, name: str) -> ParquetSink | KafkaSink:
+    def sink(self, name: str) -> Sink:
         for s in self.all_sinks():
             if s.name == name:
                 return s

@@ -25,10 +25,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from microbatch.checkpoint import Manifest
 from microbatch.errors import CheckpointError
+from microbatch.kafka.offsets import TopicPartition, snapshot_from_json
+from microbatch.runtime.records import BatchInfo, BatchRecord
 
 Loader = Callable[[int], Manifest | None]
 """Committed checkpoint by id, or None when it no longer exists (retention)."""
@@ -40,7 +41,7 @@ class RewindTarget:
     None) the position before the first batch, at ``offsets`` with empty state."""
 
     manifest: Manifest | None
-    offsets: Mapping[str, Mapping[str, int]]
+    offsets: Mapping[TopicPartition, int]
     undone_from: int  # the first checkpoint id the rewind undoes
     at_ms: int | None = None  # the time it stands for (an interval start), when known
 
@@ -49,24 +50,15 @@ class RewindTarget:
         return None if self.manifest is None else self.manifest.checkpoint_id
 
 
-def batch_meta(m: Manifest) -> Mapping[str, Any]:
-    return m.metadata.get("batch") or {}
+def batch_info(m: Manifest) -> BatchInfo | None:
+    return BatchRecord.of(m).batch
 
 
 def batch_end_ms(m: Manifest) -> int | None:
     """How far a batch read, in record time: its interval end, else when it was planned
     (a run without an end reads to the end of the log)."""
-    meta = batch_meta(m)
-    until = meta.get("until_timestamp_ms")
-    return until if until is not None else meta.get("processing_time_ms")
-
-
-def _source_of_copy(m: Manifest) -> int | None:
-    for key in ("replayed_from", "resharded_from"):
-        source = (m.metadata.get(key) or {}).get("checkpoint_id")
-        if source is not None:  # None: a rewind to before the first batch
-            return int(source)
-    return None
+    info = batch_info(m)
+    return None if info is None else info.end_ms
 
 
 def find_rewind_target(
@@ -87,24 +79,28 @@ def find_rewind_target(
     boundaries: list[int] = []
     cur: Manifest | None = latest
     while cur is not None:
-        meta = batch_meta(cur)
-        until = meta.get("until_timestamp_ms")
+        info = batch_info(cur)
+        assert info is not None  # _with_batch_info found a manifest with one
+        until = info.until_timestamp_ms
         if until is not None:
             boundaries.append(until)
-        if until == start_ms and meta.get("ends_exactly", True) and cur is not latest:
-            offsets = cur.metadata.get("offsets", {})
+        if until == start_ms and info.ends_exactly and cur is not latest:
+            offsets = BatchRecord.of(cur).offsets
             return RewindTarget(cur, offsets, cur.checkpoint_id + 1, start_ms)
         if until is not None and until < start_ms:
             break
-        base = meta.get("base_checkpoint", cur.checkpoint_id - 1)
-        if base is None:  # cur is the first batch: is the state before it the target?
-            first_start = meta.get("interval_start_ms")
-            first_start = batch_end_ms(cur) if first_start is None else first_start
-            if first_start is not None and start_ms <= first_start and "from_offsets" in meta:
+        if info.base_checkpoint is None:  # cur is the first batch: is the state before it?
+            first_start = info.interval_start_ms
+            first_start = info.end_ms if first_start is None else first_start
+            if (
+                first_start is not None
+                and start_ms <= first_start
+                and info.from_offsets is not None
+            ):
                 # Every output since the beginning is recomputed: undo from batch 0 on.
-                return RewindTarget(None, meta["from_offsets"], 0, start_ms)
+                return RewindTarget(None, snapshot_from_json(info.from_offsets), 0, start_ms)
             break
-        cur = _with_batch_info(load(int(base)), load)
+        cur = _with_batch_info(load(info.base_checkpoint), load)
     ends = ", ".join(_iso(b) for b in sorted(set(boundaries))) or "none with an interval end"
     raise CheckpointError(
         f"pipeline {pipeline!r} has processed past {_iso(start_ms)}, but no retained "
@@ -118,8 +114,8 @@ def find_rewind_target(
 def _with_batch_info(m: Manifest | None, load: Loader) -> Manifest | None:
     """``m``, or for a copy that does not carry its source's batch record (replays before
     copies carried it), the source it stands for."""
-    while m is not None and not batch_meta(m):
-        source = _source_of_copy(m)
+    while m is not None and batch_info(m) is None:
+        source = BatchRecord.of(m).source_of_copy
         m = None if source is None else load(source)
     return m
 

@@ -1,20 +1,8 @@
-"""Stage 1 of a batch, inside Spark tasks: Kafka rows → decoded, keyed records.
+"""Stage 1 of a batch, inside Spark tasks: Kafka rows → decoded, keyed envelope rows.
 
-Each Kafka record becomes one *envelope* row: either a ``record`` (decoded value, its key,
-key-group, operator instance and event time) or a ``dead_letter`` (reason, error and the
-raw bytes), never both, never neither — so nothing is lost and nothing doubled here.
-
-Dead-letter reasons: ``undecodable`` (the decoder raised), ``missing_key`` /
-``bad_key`` (key_by gave None or a type keys cannot have), ``missing_event_time`` /
-``bad_event_time``, ``late`` (event time behind the watermark the batch started with),
-``enrichment_timeout`` / ``enrichment_error`` / ``enrichment_invalid_result`` (the
-async operator dead-lettered it, with its attempt count).
-
-A record's ``payload`` is what stage 2 decodes back into the record: its source bytes
-when no enrichment ran (the source decoder reads them again), else the enriched value in
-the *envelope payload* format of :func:`encode_payload`. A dead letter's ``payload`` holds
-its :class:`DeadLetterDetail` in the same format: dead letters are rare, so the envelope
-carries no columns only they would fill (each one costs every row in the stage-2 shuffle).
+Each Kafka record becomes one envelope row (:mod:`.envelope`): a keyed ``record`` or a
+``dead_letter`` with its reason, never both, never neither; enrichment inputs not done by
+the task's deadline become ``pending`` rows; every task ends with its ``stat`` rows.
 """
 
 from __future__ import annotations
@@ -26,109 +14,28 @@ import functools
 import gc
 import json
 import json.scanner
-import marshal
 import time
-import traceback
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 
-from microbatch.errors import MicrobatchError
+from microbatch.errors import MicrobatchError, error_text
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.runtime.envelope import (
+    PENDING,
+    SOURCE_COLUMNS,
+    EnvelopeBuilder,
+    decode_payload,
+    encode_payload,
+    unkeyed_instance,
+)
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import Pipeline, json_decoder
-from microbatch.runtime.watermark import partition_name
-from microbatch.state.codec import CodecError, decode_value, encode_value
 
-ENVELOPE_SCHEMA = pa.schema(
-    [
-        ("kind", pa.string()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("seq", pa.int32()),
-        ("instance", pa.int32()),
-        ("key_group", pa.int32()),
-        ("key", pa.binary()),
-        ("event_ts", pa.int64()),
-        ("payload", pa.binary()),
-    ]
-)
-RECORD = "record"
-DEAD_LETTER = "dead_letter"
-#: An enrichment input not finished by the batch deadline; ``payload`` is the pending
-#: element, carried to the next batch through the checkpoint.
-PENDING = "pending"
-#: What a stage-1 task saw of one source partition (``payload``: its
-#: :class:`PartitionStats`), one copy per operator instance: stage 1 and stage 2 run as
-#: one Spark job, so every instance learns the batch's counts and event times from these
-#: rows and computes the batch watermark itself, before its timers fire.
-STAT = "stat"
-#: The Kafka columns stage 1 reads (of ``KAFKA_SCHEMA``): a reader may send only these.
-SOURCE_COLUMNS = ("topic", "partition", "offset", "key", "value")
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
-
-
-class DeadLetterDetail(NamedTuple):
-    """What a dead-letter envelope row carries in its ``payload``."""
-
-    reason: str
-    error: str
-    raw_key: bytes | None
-    raw_value: bytes | None
-    attempts: int | None = None
-
-    def to_payload(self) -> bytes:
-        return encode_payload(tuple(self))
-
-    @classmethod
-    def from_payload(cls, payload: bytes) -> DeadLetterDetail:
-        return cls(*decode_payload(payload))
-
-
-class PartitionStats(NamedTuple):
-    """What one stage-1 task saw of one source partition (a ``stat`` row's payload)."""
-
-    inputs: int  # Kafka records consumed (re-issued pending elements are not inputs)
-    records: int
-    dead_letters: int
-    pending: int
-    max_event: int | None  # largest event time among its records
-
-
-def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> dict[str, Any]:
-    """The batch's stage-1 counts from the (topic, partition, stats) of every task: totals,
-    per-partition counts, and the max event time per partition (what the watermark
-    advances by). A partition may be split over several tasks: counts add up, event
-    times take the max. Stage 2 computes this in every instance; the driver checks that
-    all instances agree."""
-    out: dict[str, Any] = {
-        "inputs": 0,
-        "records": 0,
-        "dead": 0,
-        "pending": 0,
-        "max_event": {},
-        "per_partition": {},
-    }
-    for topic, part, s in stats:
-        name = partition_name(topic, part)
-        per = out["per_partition"].setdefault(name, {"inputs": 0, "records": 0, "dead_letters": 0})
-        per["inputs"] += s.inputs
-        per["records"] += s.records
-        per["dead_letters"] += s.dead_letters
-        out["inputs"] += s.inputs
-        out["records"] += s.records
-        out["dead"] += s.dead_letters
-        out["pending"] += s.pending
-        if s.max_event is not None:
-            top = out["max_event"].get(name)
-            out["max_event"][name] = s.max_event if top is None else max(top, s.max_event)
-    out["max_event"] = dict(sorted(out["max_event"].items()))
-    out["per_partition"] = dict(sorted(out["per_partition"].items()))
-    return out
 
 
 class _Bad(Exception):
@@ -150,56 +57,6 @@ def event_time_ms(value: Any) -> int:
             parsed = parsed.replace(tzinfo=dt.UTC)
         return int(parsed.timestamp() * 1000)
     raise ValueError(f"event time must be epoch ms or ISO-8601, got {type(value).__name__}")
-
-
-#: Leading byte of a marshal-encoded envelope payload; state-codec payloads start with a
-#: letter (their type tag), never with this byte.
-_MARSHAL = b"\x00"
-_MARSHAL_VERSION = 2  # no back-references: equal sub-values decode as separate objects
-_PLAIN_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
-
-
-def _marshal_safe(value: Any) -> bool:
-    """True if ``value`` is built only of the *exact* types the state codec encodes as
-    themselves (None, bool, int, float, str, bytes, list, tuple, dict)."""
-    kind = type(value)
-    if kind is dict:
-        for k, v in value.items():
-            if type(k) not in _PLAIN_SCALARS and not _marshal_safe(k):
-                return False
-            if type(v) not in _PLAIN_SCALARS and not _marshal_safe(v):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        return all(type(v) in _PLAIN_SCALARS or _marshal_safe(v) for v in value)
-    return kind in _PLAIN_SCALARS
-
-
-def encode_payload(value: Any) -> bytes:
-    """An enriched record as envelope payload bytes, for stage 2 of the same batch.
-
-    Same values in, same values out as the state codec (``CodecError`` for anything it
-    refuses), at C speed for the common case: values made only of exact plain types are
-    written with ``marshal`` behind a zero byte; anything else (subclasses, datetimes)
-    with the state codec. The format lives within one batch (stage 1 → stage 2, the same
-    interpreter version): it is never stored in a checkpoint.
-    """
-    try:
-        if _marshal_safe(value):
-            return _MARSHAL + marshal.dumps(value, _MARSHAL_VERSION)
-    except (ValueError, RecursionError):  # e.g. nested too deeply for marshal
-        pass
-    return encode_value(value)
-
-
-def decode_payload(data: bytes) -> Any:
-    """Inverse of :func:`encode_payload`."""
-    if data[:1] == _MARSHAL:
-        try:
-            return marshal.loads(data[1:])  # a copy: cheaper than a memoryview of ~100 B
-        except (EOFError, ValueError, TypeError) as e:
-            raise CodecError(f"corrupt envelope payload ({len(data)} bytes): {e}") from None
-    return decode_value(data)
 
 
 @contextlib.contextmanager
@@ -249,10 +106,6 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, default=str).encode()
 
 
-def _error_text(e: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(e), e)).strip()[:2000]
-
-
 @dataclasses.dataclass(frozen=True)
 class StageOne:
     """The picklable stage-1 function: Kafka rows (``KAFKA_SCHEMA``) in, envelope rows out.
@@ -300,7 +153,7 @@ class StageOne:
             try:
                 key = self.pipeline.key_of(record)
             except Exception as e:  # user code: a dead letter, with the cause
-                raise _Bad("bad_key", f"key_by raised {_error_text(e)}") from e
+                raise _Bad("bad_key", f"key_by raised {error_text(e)}") from e
         if key is None:
             raise _Bad("missing_key", f"key_by {self.pipeline.key_by!r} gave no key")
         if type(key) is str:  # exactly str: no subclass, no 1 == True == 1.0 aliasing
@@ -343,7 +196,7 @@ class StageOne:
         try:
             return self._decoder(value)
         except Exception as e:
-            raise _Bad("undecodable", _error_text(e)) from e
+            raise _Bad("undecodable", error_text(e)) from e
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none)."""
@@ -509,110 +362,6 @@ class _SourceBytes:
                 coords = zip(topics, parts, offs, strict=True)
                 self._index.update(zip(coords, zip(keys, values, strict=True), strict=True))
         return self._index.get(tuple(coords))
-
-
-def unkeyed_instance(part: int, off: int, parallelism: int) -> int:
-    """The operator instance of a row without a key (a dead letter, a pending element):
-    spread by source position, the same on every rerun."""
-    return (part + off) % parallelism
-
-
-class EnvelopeBuilder:
-    """Envelope rows in arrival order, made into one Arrow batch at the end."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[Any, ...]] = []
-
-    def add(
-        self,
-        kind: str,
-        topic: str,
-        part: int,
-        off: int,
-        seq: int,
-        instance: int,
-        kg: int | None,
-        key: bytes | None,
-        ts: int | None,
-        payload: bytes | None,
-    ) -> None:
-        self.rows.append((kind, topic, part, off, seq, instance, kg, key, ts, payload))
-
-    def record(self, topic: str, part: int, off: int, seq: int, instance: int, kg: int,
-               key: bytes, ts: int | None, payload: bytes) -> None:  # fmt: skip
-        """A keyed record row (the hot path of :meth:`add`)."""
-        self.rows.append((RECORD, topic, part, off, seq, instance, kg, key, ts, payload))
-
-    def dead(
-        self,
-        topic: str,
-        part: int,
-        off: int,
-        parallelism: int,
-        reason: str,
-        error: str,
-        raw_key: bytes | None,
-        raw_value: bytes | None,
-        attempts: int | None = None,
-        seq: int = 0,
-    ) -> None:
-        """A dead letter, routed to a deterministic instance that stages it."""
-        inst = unkeyed_instance(part, off, parallelism)
-        detail = DeadLetterDetail(reason, error, raw_key, raw_value, attempts).to_payload()
-        self.add(DEAD_LETTER, topic, part, off, seq, inst, None, None, None, detail)
-
-    def build(self, inputs: Counter[tuple[str, int]], parallelism: int) -> pa.RecordBatch:
-        """The rows as one Arrow batch, followed by the ``stat`` rows of every source
-        partition seen (``inputs``: records consumed per partition), one per instance."""
-        rows = self.rows_batch()
-        return pa.concat_batches([rows, _stat_rows(rows, inputs, parallelism)])
-
-    def rows_batch(self) -> pa.RecordBatch:
-        columns = zip(*self.rows, strict=True) if self.rows else [()] * len(ENVELOPE_SCHEMA)
-        return pa.RecordBatch.from_arrays(
-            [pa.array(c, f.type) for c, f in zip(columns, ENVELOPE_SCHEMA, strict=True)],
-            schema=ENVELOPE_SCHEMA,
-        )
-
-
-def _stat_rows(
-    rows: pa.RecordBatch, inputs: Counter[tuple[str, int]], parallelism: int
-) -> pa.RecordBatch:
-    """The :class:`PartitionStats` of ``rows`` per source partition, counted by Arrow (the
-    hot path adds rows without counting), as ``stat`` rows for every instance."""
-    counts: dict[tuple[str, int], dict[str, int]] = {tp: {} for tp in inputs}
-    top: dict[tuple[str, int], int | None] = {}
-    grouped = (
-        pa.Table.from_batches([rows])
-        .group_by(["topic", "partition", "kind"])
-        .aggregate([("offset", "count"), ("event_ts", "max")])
-    )
-    for g in grouped.to_pylist():
-        tp = (g["topic"], g["partition"])
-        counts.setdefault(tp, {})[g["kind"]] = g["offset_count"]
-        if g["kind"] == RECORD:
-            top[tp] = g["event_ts_max"]
-    stat = EnvelopeBuilder()
-    for (topic, part), n in sorted(counts.items()):
-        payload = encode_payload(
-            tuple(
-                PartitionStats(
-                    inputs.get((topic, part), 0),
-                    n.get(RECORD, 0),
-                    n.get(DEAD_LETTER, 0),
-                    n.get(PENDING, 0),
-                    top.get((topic, part)),
-                )
-            )
-        )
-        for instance in range(parallelism):
-            stat.add(STAT, topic, part, 0, 0, instance, None, None, None, payload)
-    return stat.rows_batch()
-
-
-def partition_stats(payload: bytes) -> PartitionStats:
-    """A ``stat`` row's payload back as :class:`PartitionStats`."""
-    return PartitionStats(*decode_payload(payload))
 
 
 def payload_decoder(pipeline: Pipeline) -> Any:

@@ -23,51 +23,42 @@ expiry is the same on every rerun.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import time
-import traceback
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.checkpoint import InstanceSnapshot, KeyGroupEntry, Layout, Manifest
+from microbatch.checkpoint import Layout, Manifest
 from microbatch.checkpoint.restore import restore_instance
 from microbatch.checkpoint.writer import write_instance
-from microbatch.errors import ConfigError, ProcessError
-from microbatch.keygroups import KeyGroupRange, decode_key, key_group_range
-from microbatch.runtime.faults import crash_if
-from microbatch.runtime.pipeline import DEAD_LETTER_SINK, KafkaSink, ParquetSink, Pipeline
-from microbatch.runtime.process import ProcessContext
-from microbatch.runtime.records import (
+from microbatch.errors import ConfigError, ProcessError, error_text
+from microbatch.keygroups import decode_key, key_group_range
+from microbatch.runtime.envelope import (
     DEAD_LETTER,
     PENDING,
     RECORD,
     STAT,
     DeadLetterDetail,
-    gc_paused,
     partition_stats,
-    payload_decoder,
     stage_one_totals,
 )
+from microbatch.runtime.faults import crash_if
+from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.process import ProcessContext
+from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
+from microbatch.runtime.stage_one import gc_paused, payload_decoder
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.settings import Settings
-from microbatch.sinks import kafka as kafka_sink
-from microbatch.sinks import parquet as parquet_sink
-from microbatch.sinks.deadletters import dead_letter_messages, dead_letter_table
+from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
 from microbatch.storage import open_store
 
 RESULT_DDL = "instance INT, result STRING"
-TICK = "tick"
 SOURCE_ORDER = ("topic", "partition", "offset", "seq")
-
-
-def _error_text(e: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(e), e)).strip()[:2000]
 
 
 class _KeyBackup:
@@ -115,32 +106,6 @@ def key_runs(keys: pa.ChunkedArray | pa.Array) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], n], strict=True))
 
 
-def snapshot_to_json(snap: InstanceSnapshot) -> dict[str, Any]:
-    return {
-        "index": snap.index,
-        "key_groups": [snap.key_groups.start, snap.key_groups.end],
-        "entries": {
-            str(kg): None if e is None else dataclasses.asdict(e) for kg, e in snap.entries.items()
-        },
-        "written": sorted(snap.written),
-        "file": snap.file,
-        "bytes_written": snap.bytes_written,
-    }
-
-
-def snapshot_from_json(body: dict[str, Any]) -> InstanceSnapshot:
-    return InstanceSnapshot(
-        index=body["index"],
-        key_groups=KeyGroupRange(*body["key_groups"]),
-        entries={
-            int(kg): None if e is None else KeyGroupEntry(**e) for kg, e in body["entries"].items()
-        },
-        written=frozenset(body["written"]),
-        file=body["file"],
-        bytes_written=body["bytes_written"],
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class StageTwo:
     """The picklable per-instance function of stage 2: ``(instance,)`` and all its rows."""
@@ -161,7 +126,10 @@ class StageTwo:
         with gc_paused():
             result = self.run(instance, table)
         return pa.table(
-            {"instance": pa.array([instance], pa.int32()), "result": [json.dumps(result)]}
+            {
+                "instance": pa.array([instance], pa.int32()),
+                "result": [json.dumps(result.to_json())],
+            }
         )
 
     def _where(self, instance: int) -> str:
@@ -177,7 +145,7 @@ class StageTwo:
         backend, stats = restore_instance(store, base, self.parallelism, instance, clock=clock)
         return backend, {"requests": stats.requests, "bytes": stats.bytes_read}
 
-    def stage_one(self, table: pa.Table) -> tuple[dict[str, Any], WatermarkState]:
+    def stage_one(self, table: pa.Table) -> tuple[StageOneTotals, WatermarkState]:
         """The batch's stage-1 totals (from the ``stat`` rows every instance receives) and
         the event-time state they advance the batch to (unchanged without event time):
         the one place a batch's watermark is computed."""
@@ -192,11 +160,11 @@ class StageTwo:
         state = WatermarkState.from_json(self.event_time)
         if self.pipeline.event_time is not None:
             state = advance(
-                state, totals["max_event"], self.processing_time_ms, self.pipeline.event_time
+                state, totals.max_event, self.processing_time_ms, self.pipeline.event_time
             )
         return totals, state
 
-    def run(self, instance: int, table: pa.Table) -> dict[str, Any]:
+    def run(self, instance: int, table: pa.Table) -> InstanceResult:
         t0 = time.perf_counter()
         pipeline = self.pipeline
         totals, event_time = self.stage_one(table)
@@ -275,13 +243,13 @@ class StageTwo:
                 if backup is None:
                     raise ProcessError(
                         f"{self._where(instance)}: process() raised for key {key!r} "
-                        f"(key-group {kg}, {j - i} records from {first}): {_error_text(e)}. "
+                        f"(key-group {kg}, {j - i} records from {first}): {error_text(e)}. "
                         "Fix the function, or set on_process_error='dead_letter'."
                     ) from e
                 backup.restore()
                 for r in range(i, j):
                     dead_letter(
-                        "process_failed", _error_text(e), topic=cols["topic"][r],
+                        "process_failed", error_text(e), topic=cols["topic"][r],
                         partition=cols["partition"][r], offset=cols["offset"][r],
                         raw_value=json.dumps(records[r - i], default=str).encode(),
                     )  # fmt: skip
@@ -302,12 +270,12 @@ class StageTwo:
                 if backup is None:
                     raise ProcessError(
                         f"{self._where(instance)}: on_timer() raised for key {key_ctx.key!r} "
-                        f"timer {ts}: {_error_text(e)}. Fix the function, or set "
+                        f"timer {ts}: {error_text(e)}. Fix the function, or set "
                         "on_process_error='dead_letter'."
                     ) from e
                 backup.restore()
                 body = {"key": repr(key_ctx.key), "timer": ts}
-                dead_letter("timer_failed", _error_text(e), raw_value=json.dumps(body).encode())
+                dead_letter("timer_failed", error_text(e), raw_value=json.dumps(body).encode())
             else:
                 emit_all(ctx)
 
@@ -328,72 +296,41 @@ class StageTwo:
         crash_if(self.crash_at, "after_state_files", self._where(instance))
 
         # Step 5: stage sink output.
-        staged: dict[str, Any] = {}
+        ctx = StageContext(pipeline.name, self.batch_id, instance, self.settings, store, Layout())
+        staged = {}
         for sink in pipeline.all_sinks():
-            if sink.name == DEAD_LETTER_SINK:
-                rows = dead
-                table_out = (
-                    dead_letter_messages(rows)
-                    if isinstance(sink, KafkaSink)
-                    else dead_letter_table(rows)
-                )
-            else:
-                rows = outputs[sink.name]
-                table_out = (
-                    kafka_sink.json_messages(rows, sink.key_field)
-                    if isinstance(sink, KafkaSink)
-                    else parquet_sink.to_table(sink.name, rows, sink.schema)
-                )
-            staged[sink.name] = stage_output(
-                sink, store, self.settings, self.batch_id, instance, table_out
-            )
+            rows = dead if sink is pipeline.dead_letters else outputs[sink.name]
+            staged[sink.name] = sink.stage(ctx, rows)
         t_stage = time.perf_counter()
         stats["dead_letters"] = len(dead)
         for name, rows in outputs.items():
             stats[f"out.{name}"] = len(rows)
-        return {
-            "instance": instance,
-            "stage_one": totals,
-            "event_time": event_time.to_json(),
-            "pending": pending_rows(table),
-            "snapshot": snapshot_to_json(snap),
-            "staged": staged,
-            "stats": dict(stats),
-            "restored": restored,
-            "seconds": {
+        return InstanceResult(
+            instance=instance,
+            stage_one=totals,
+            event_time=event_time,
+            pending=pending_inputs(table),
+            snapshot=snap,
+            staged=staged,
+            counters=dict(stats),
+            restored=restored,
+            seconds={
                 "restore": round(t_restore - t0, 4),
                 "process": round(t_process - t_restore, 4),
                 "state": round(t_state - t_process, 4),
                 "stage": round(t_stage - t_state, 4),
             },
-        }
+        )
 
 
-def pending_rows(table: pa.Table) -> list[list[Any]]:
-    """The pending enrichment inputs routed to this instance, as JSON-ready
-    ``[topic, partition, offset, base64 payload]``, for the driver to store in the
-    checkpoint."""
+def pending_inputs(table: pa.Table) -> tuple[PendingInput, ...]:
+    """The pending enrichment inputs routed to this instance, for the driver to store in
+    the checkpoint."""
     rows = table.filter(pc.equal(table.column("kind"), PENDING))
     cols = rows.select(["topic", "partition", "offset", "payload"]).to_pydict()
-    return [
-        [topic, part, off, base64.b64encode(payload).decode("ascii")]
+    return tuple(
+        PendingInput(topic, part, off, payload)
         for topic, part, off, payload in zip(
             cols["topic"], cols["partition"], cols["offset"], cols["payload"], strict=True
         )
-    ]
-
-
-def stage_output(
-    sink: ParquetSink | KafkaSink,
-    checkpoint_store: Any,
-    settings: Settings,
-    batch_id: int,
-    instance: int,
-    table: pa.Table,
-) -> dict[str, Any] | None:
-    """Parquet: the final file in the sink (invisible until published). Kafka: an Arrow
-    file in the checkpoint store, produced at publish time."""
-    if isinstance(sink, ParquetSink):
-        store = open_store(sink.url, settings)
-        return parquet_sink.stage_parquet(store, sink.name, batch_id, instance, table)
-    return kafka_sink.stage_messages(checkpoint_store, sink.name, batch_id, instance, table)
+    )

@@ -1,11 +1,24 @@
-"""Exactly-once outputs: Parquet files and Kafka topics, staged then published."""
+"""Exactly-once outputs: the sink protocol and its implementations, one per module.
 
-from microbatch.sinks.deadletters import DEAD_LETTER_SCHEMA
-from microbatch.sinks.kafka import last_published, publish_messages
-from microbatch.sinks.parquet import committed_batches, read_parquet_sink
+Every sink stages per instance before the checkpoint commits and publishes per batch after
+it (:mod:`microbatch.sinks.base`); the runtime never asks which kind a sink is.
+"""
+
+from microbatch.sinks.base import PublishContext, Sink, StageContext, Staged
+from microbatch.sinks.deadletters import DEAD_LETTER_SCHEMA, DEAD_LETTER_SINK, DeadLetterSink
+from microbatch.sinks.kafka import KafkaSink, last_published, publish_messages
+from microbatch.sinks.parquet import ParquetSink, committed_batches, read_parquet_sink
 
 __all__ = [
     "DEAD_LETTER_SCHEMA",
+    "DEAD_LETTER_SINK",
+    "DeadLetterSink",
+    "KafkaSink",
+    "ParquetSink",
+    "PublishContext",
+    "Sink",
+    "StageContext",
+    "Staged",
     "committed_batches",
     "last_published",
     "publish_messages",

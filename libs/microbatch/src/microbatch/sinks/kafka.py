@@ -27,6 +27,7 @@ The marker group is bookkeeping, not a reader: lag tools show it with a meaningl
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -36,12 +37,11 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from kafka import KafkaAdminClient, KafkaProducer
-from kafka import TopicPartition as KafkaTopicPartition
-from kafka.structs import OffsetAndMetadata
 
 from microbatch.errors import SinkError
+from microbatch.sinks.base import PublishContext, Sink, StageContext, Staged
 from microbatch.storage import ObjectStore
+from microbatch.validation import check_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,8 +55,45 @@ MESSAGE_SCHEMA = pa.schema(
 )
 
 
-def staging_key(batch_id: int, sink_name: str, instance: int) -> str:
-    return f"staging/{batch_id:020d}/{sink_name}/part-{instance:05d}.arrow"
+@dataclasses.dataclass(frozen=True)
+class KafkaSink(Sink):
+    """JSON records to ``topic``, exactly once for ``read_committed`` consumers.
+
+    ``key_field`` picks the message key (None: no key). Values are UTF-8 JSON with sorted
+    keys, so reruns produce identical bytes. Kafka records cannot be taken back: a rewind
+    publishes the undone batches' records again (only with ``accept_kafka_repeats``).
+    """
+
+    name: str
+    topic: str
+    key_field: str | None = None
+
+    retractable = False
+
+    def __post_init__(self) -> None:
+        check_name("sink", self.name)
+        check_name("topic", self.topic)
+
+    def encode(self, rows: Sequence[Any]) -> pa.Table:
+        return json_messages(rows, self.key_field)
+
+    def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
+        return self.stage_table(ctx, self.encode(rows))
+
+    def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        key = ctx.layout.staging_key(ctx.batch_id, self.name, ctx.instance)
+        return stage_messages(ctx.checkpoint_store, key, table)
+
+    def publish(self, ctx: PublishContext) -> None:
+        publish_messages(
+            ctx.settings.kafka_bootstrap_servers,
+            ctx.pipeline,
+            self.name,
+            self.topic,
+            ctx.batch_id,
+            load_messages(ctx.checkpoint_store, ctx.staged),
+            ctx.settings.kafka_client_config(),
+        )
 
 
 def json_messages(records: Iterable[Any], key_field: str | None) -> pa.Table:
@@ -71,21 +108,19 @@ def json_messages(records: Iterable[Any], key_field: str | None) -> pa.Table:
     )
 
 
-def stage_messages(
-    store: ObjectStore, sink_name: str, batch_id: int, instance: int, table: pa.Table
-) -> dict[str, Any] | None:
+def stage_messages(store: ObjectStore, key: str, table: pa.Table) -> Staged | None:
+    """One instance's messages as an Arrow file at ``key`` of the checkpoint store."""
     if table.num_rows == 0:
         return None
-    key = staging_key(batch_id, sink_name, instance)
     buf = io.BytesIO()
     with ipc.new_file(buf, MESSAGE_SCHEMA) as writer:
         writer.write_table(table.cast(MESSAGE_SCHEMA))
     store.put(key, buf.getvalue())
-    return {"file": key, "rows": table.num_rows}
+    return Staged(key, table.num_rows)
 
 
-def load_messages(store: ObjectStore, staged: Sequence[dict[str, Any]]) -> pa.Table:
-    tables = [ipc.open_file(io.BytesIO(store.get(s["file"]))).read_all() for s in staged]
+def load_messages(store: ObjectStore, staged: Sequence[Staged]) -> pa.Table:
+    tables = [ipc.open_file(io.BytesIO(store.get(s.file))).read_all() for s in staged]
     return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
 
@@ -120,6 +155,9 @@ def last_published(
     client_config: Mapping[str, Any] | None = None,
 ) -> int | None:
     """The last batch id published to ``topic`` by this sink, None if none yet."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KafkaTopicPartition
+
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000, **(client_config or {})
     )
@@ -152,6 +190,10 @@ def publish_messages(
     (``Settings.kafka_client_config``)."""
     if messages.num_rows == 0:
         return False
+    from kafka import KafkaProducer  # the client loads when a batch publishes, not before
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.structs import OffsetAndMetadata
+
     where = f"pipeline {pipeline!r} sink {sink_name!r} (topic {topic!r}, {bootstrap_servers})"
     try:
         producer = KafkaProducer(

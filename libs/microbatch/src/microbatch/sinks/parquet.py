@@ -32,6 +32,7 @@ Entry body: ``{"batch", "files", "rows", "end_offsets", "supersedes", "undoes"}`
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,11 +41,80 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from microbatch.errors import SinkError
+from microbatch.errors import ConfigError, SinkError
 from microbatch.settings import Settings
+from microbatch.sinks.base import (
+    Awaiting,
+    PublishContext,
+    Sink,
+    StageContext,
+    Staged,
+    rows_to_table,
+)
+from microbatch.sinks.replacement import after_batch
 from microbatch.storage import AlreadyExistsError, ObjectNotFoundError, ObjectStore, open_store
+from microbatch.validation import check_name
 
 COMMITS = "_commits/"
+__all__ = [
+    "COMMITS",
+    "Awaiting",
+    "ParquetSink",
+    "after_batch",
+    "awaiting_replacement",
+    "commit_entries",
+    "committed_batches",
+    "publish_parquet",
+    "publish_rewind",
+    "read_parquet_sink",
+    "stage_parquet",
+    "visible_batches",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetSink(Sink):
+    """Parquet files at ``url`` (a path, ``file:///dir`` or ``s3://bucket/prefix``).
+
+    Each batch writes ``batch=<id>/part-<instance>.parquet``; a batch becomes visible when
+    its entry appears in ``_commits/`` — use :func:`read_parquet_sink` (or follow
+    ``_commits/`` yourself) to read only committed batches. ``schema`` (a
+    ``pyarrow.Schema``) is recommended; without it the schema is inferred per file.
+    """
+
+    name: str
+    url: str
+    schema: Any = None
+
+    retractable = True
+
+    def __post_init__(self) -> None:
+        check_name("sink", self.name)
+        if not self.url:
+            raise ConfigError(f"sink {self.name!r}: url is empty")
+
+    def encode(self, rows: Sequence[Any]) -> pa.Table:
+        return rows_to_table(self.name, rows, self.schema)
+
+    def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
+        return self.stage_table(ctx, self.encode(rows))
+
+    def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        store = open_store(self.url, ctx.settings)
+        return stage_parquet(store, self.name, ctx.batch_id, ctx.instance, table)
+
+    def publish(self, ctx: PublishContext) -> None:
+        store = open_store(self.url, ctx.settings)
+        publish_parquet(store, ctx.batch_id, ctx.staged, ctx.end_offsets, ctx.supersedes)
+
+    def publish_rewind(self, ctx: PublishContext, undone: Sequence[int]) -> None:
+        publish_rewind(open_store(self.url, ctx.settings), ctx.batch_id, undone)
+
+    def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
+        return awaiting_replacement(open_store(self.url, settings), undone)
+
+    def shared_storage_url(self) -> str | None:
+        return self.url
 
 
 def data_key(batch_id: int, instance: int) -> str:
@@ -53,16 +123,6 @@ def data_key(batch_id: int, instance: int) -> str:
 
 def commit_key(batch_id: int) -> str:
     return f"{COMMITS}{batch_id:020d}.json"
-
-
-def to_table(sink_name: str, records: Sequence[Any], schema: pa.Schema | None) -> pa.Table:
-    try:
-        return pa.Table.from_pylist(list(records), schema=schema)
-    except (pa.ArrowException, TypeError, ValueError) as e:
-        raise SinkError(
-            f"sink {sink_name!r}: records do not fit its schema ({e}); first record: "
-            f"{records[0]!r:.300}"
-        ) from e
 
 
 def encode_parquet(table: pa.Table) -> bytes:
@@ -74,7 +134,7 @@ def encode_parquet(table: pa.Table) -> bytes:
 
 def stage_parquet(
     store: ObjectStore, sink_name: str, batch_id: int, instance: int, table: pa.Table
-) -> dict[str, Any] | None:
+) -> Staged | None:
     """Write one instance's output of a batch; None when it has no rows (no file)."""
     if table.num_rows == 0:
         return None
@@ -83,7 +143,7 @@ def stage_parquet(
         store.put(key, encode_parquet(table))
     except Exception as e:
         raise SinkError(f"sink {sink_name!r}: writing {store.url}/{key} failed: {e}") from e
-    return {"file": key, "rows": table.num_rows}
+    return Staged(key, table.num_rows)
 
 
 def is_published(store: ObjectStore, batch_id: int) -> bool:
@@ -93,7 +153,7 @@ def is_published(store: ObjectStore, batch_id: int) -> bool:
 def publish_parquet(
     store: ObjectStore,
     batch_id: int,
-    staged: Sequence[dict[str, Any]],
+    staged: Sequence[Staged],
     end_offsets: Mapping[str, int] | None = None,
     supersedes: Sequence[int] = (),
 ) -> bool:
@@ -103,30 +163,15 @@ def publish_parquet(
     ``end_offsets`` maps ``"topic:partition"`` to the offset after the batch's input."""
     if is_published(store, batch_id):
         return False
-    files = sorted(s["file"] for s in staged)
+    files = sorted(s.file for s in staged)
     body = {
         "batch": batch_id,
         "files": files,
-        "rows": sum(s["rows"] for s in staged),
+        "rows": sum(s.rows for s in staged),
         "end_offsets": dict(end_offsets or {}),
         "supersedes": sorted(supersedes),
     }
     return _create_entry(store, batch_id, body)
-
-
-Awaiting = dict[str, "dict[str, int] | None"]
-"""Undone batches whose output is still visible → their end offsets (None: unknown, never
-replaced). Keys are batch ids as strings: the mapping lives in checkpoint JSON."""
-
-
-def after_batch(
-    awaiting: Mapping[str, Any], end_offsets: Mapping[str, int]
-) -> tuple[list[int], Awaiting]:
-    """(superseded, still awaiting) once a batch ending at ``end_offsets`` is published:
-    it replaces every awaiting batch whose input it has read again."""
-    done = sorted(int(b) for b, ends in awaiting.items() if _covers(end_offsets, ends))
-    rest = {b: ends for b, ends in awaiting.items() if int(b) not in done}
-    return done, rest
 
 
 def awaiting_replacement(store: ObjectStore, undone: Iterable[int] = ()) -> Awaiting:
@@ -152,13 +197,6 @@ def _create_entry(store: ObjectStore, batch_id: int, body: dict[str, Any]) -> bo
     except AlreadyExistsError:
         return False
     return True
-
-
-def _covers(ends: Mapping[str, int], undone_ends: Mapping[str, int] | None) -> bool:
-    """Has a batch ending at ``ends`` read again all the input of an undone batch?"""
-    if undone_ends is None:
-        return False
-    return all(ends.get(tp, -1) >= end for tp, end in undone_ends.items())
 
 
 def commit_entries(store: ObjectStore) -> dict[int, dict[str, Any]]:

@@ -14,10 +14,9 @@ map entry or timer.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any
 
 from microbatch.errors import StateError
 from microbatch.keygroups import (
@@ -30,31 +29,13 @@ from microbatch.keygroups import (
 )
 from microbatch.state.codec import decode_value
 from microbatch.state.handles import KeyContext
+from microbatch.state.spec import KINDS, Kind, StateSpec
 from microbatch.state.timers import Timer, TimerQueue
 
-Kind = Literal["value", "list", "map"]
-KINDS: tuple[str, ...] = ("value", "list", "map")
 TIMER_KIND = "timer"
 #: Columns of the row form, in state-file order.
 ROW_COLUMNS = ("state", "kind", "key", "field", "value", "expires_ms", "timer_ts")
 Rows = dict[str, list[Any]]
-
-
-@dataclasses.dataclass(frozen=True)
-class StateSpec:
-    """A declared state: its name, kind and TTL in seconds (None: never expires)."""
-
-    name: str
-    kind: Kind
-    ttl: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name or not isinstance(self.name, str):
-            raise StateError(f"state name must be a non-empty string: {self.name!r}")
-        if self.kind not in KINDS:
-            raise StateError(f"state kind must be one of {KINDS}: {self.kind!r}")
-        if self.ttl is not None and not self.ttl > 0:
-            raise StateError(f"TTL of state {self.name!r} must be > 0 seconds: {self.ttl!r}")
 
 
 def empty_rows() -> Rows:

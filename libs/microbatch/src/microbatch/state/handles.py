@@ -14,14 +14,35 @@ checkpoint. List TTL is per element, map TTL per entry.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from microbatch.state.codec import decode_value, encode_value
-
-if TYPE_CHECKING:
-    from microbatch.state.backend import KeyedStateBackend, StateSpec
+from microbatch.state.spec import Kind, StateSpec
+from microbatch.state.timers import TimerQueue
 
 _MISSING = object()
+
+
+class StateTables(Protocol):
+    """The part of a backend the handles use: its tables, clock and timers, and the
+    bookkeeping of writes. :class:`~microbatch.state.backend.KeyedStateBackend` is one;
+    naming it here would make the two modules import each other."""
+
+    timers: TimerQueue
+
+    def now_ms(self) -> int: ...
+
+    def expiry_for(self, spec: StateSpec) -> int | None: ...
+
+    def touch(self, kg: int, expires: int | None) -> None: ...
+
+    def declare(self, name: str, kind: Kind, ttl: float | None) -> StateSpec: ...
+
+    def table(self, kg: int, name: str, create: bool = False) -> dict[bytes, Any] | None: ...
+
+    def register_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None: ...
+
+    def delete_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None: ...
 
 
 class _Handle:
@@ -147,7 +168,7 @@ class MapState(_Handle):
 class KeyContext:
     """State and timers of one key inside one operator instance."""
 
-    def __init__(self, backend: KeyedStateBackend, key: Any, key_bytes: bytes, kg: int) -> None:
+    def __init__(self, backend: StateTables, key: Any, key_bytes: bytes, kg: int) -> None:
         self.backend = backend
         self.key = key
         self.key_bytes = key_bytes

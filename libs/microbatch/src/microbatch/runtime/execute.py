@@ -1,0 +1,265 @@
+"""Step 3 of the protocol on Spark: one job runs stage 1 and stage 2 of a batch.
+
+Stage 1 (``mapInArrow``) reads the planned ranges — Spark's JVM Kafka source or
+kafka-python inside the tasks — decodes, enriches, keys and routes (:mod:`.stage_one`);
+``repartitionById`` puts each operator instance's rows in one partition; stage 2
+(``mapInArrow`` over it, :mod:`.stage_two`) restores, processes, writes state and stages
+sink output. Nothing is materialised between the stages: the shuffle is the only copy.
+A batch without input runs only stage 2, one task per instance and no shuffle.
+
+The protocol talks to an :class:`Executor`; :class:`SparkExecutor` is the one that runs
+batches, and a stand-in lets the protocol be tested without Spark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from microbatch.errors import BatchError, ConfigError
+from microbatch.kafka import BatchPlan, KafkaBrokerView
+from microbatch.kafka.reader import range_descriptors
+from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
+from microbatch.runtime.envelope import ENVELOPE_SCHEMA, SOURCE_COLUMNS, ticks
+from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.records import InstanceResult
+from microbatch.runtime.stage_one import ReadingStageOne, StageOne
+from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
+from microbatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """What one execution of a batch produced: every instance's result, in instance
+    order, and the stage-1 reader used ("spark", "python", or None: nothing to read)."""
+
+    results: tuple[InstanceResult, ...]
+    reader: str | None
+
+
+class Executor(Protocol):
+    def prepare(self) -> None:
+        """Get ready to execute (start Spark): timed on its own, before execution."""
+        ...
+
+    def execute(
+        self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
+    ) -> Execution:
+        """Run the batch ``plan`` with stage 2 ``stage``; ``pending``: enrichment inputs
+        of the last checkpoint, re-issued first; ``watermark``: the one the batch starts
+        with (records behind it are late)."""
+        ...
+
+
+class SparkExecutor:
+    """Runs batches of one pipeline on one SparkSession (driver side).
+
+    ``spark`` is a SparkSession, or a function returning one, called only when a batch
+    executes: a dry run, a recovery or a replay never starts Spark."""
+
+    def __init__(
+        self,
+        spark: Any | Callable[[], Any] | None,
+        pipeline: Pipeline,
+        settings: Settings,
+        broker: Callable[[], KafkaBrokerView],
+    ) -> None:
+        self._spark = spark
+        self.pipeline = pipeline
+        self.settings = settings
+        self.broker = broker
+        ship_user_code(pipeline)
+
+    @property
+    def spark(self) -> Any:
+        """The session; made on first use when the executor was given a factory."""
+        if self._spark is None:
+            raise ConfigError(f"pipeline {self.pipeline.name!r}: this runner has no SparkSession")
+        if not hasattr(self._spark, "createDataFrame"):  # a factory, not a session
+            self._spark = self._spark()
+        return self._spark
+
+    def prepare(self) -> None:
+        _ = self.spark
+
+    def execute(
+        self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
+    ) -> Execution:
+        if not has_input(plan, pending):
+            return Execution(self._collect(self._ticks_only(stage), stage), None)
+        process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
+        envelopes, reader = self.stage_one(plan, process, pending)
+        ticked = envelopes.unionByName(
+            self.spark.createDataFrame(ticks(range(stage.parallelism)).to_pandas())
+        )
+        # Partition i holds instance i (a hash could put two in one task), and all of it:
+        # mapInArrow over it is the group, without the sort a groupBy adds.
+        rows = (
+            ticked.repartitionById(stage.parallelism, "instance")
+            .mapInArrow(_per_instance(stage), RESULT_DDL)
+            .collect()
+        )
+        return Execution(self._collect(rows, stage), reader)
+
+    def stage_one(
+        self, plan: BatchPlan, process: StageOne, pending: pa.Table | None
+    ) -> tuple[Any, str | None]:
+        """The envelope rows of stage 1 (a DataFrame, not yet computed: stage 2's job runs
+        it) and the reader that reads the planned ranges."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
+        envelopes, reader = self.read_planned(plan, process, envelope_type)
+        if pending is not None and pending.num_rows:
+            rows = self.spark.createDataFrame(pending.to_pandas())
+            reissue = dataclasses.replace(process, reissued=True)
+            envelopes = envelopes.unionByName(rows.mapInArrow(reissue, envelope_type))
+        return envelopes, reader
+
+    def read_planned(
+        self, plan: BatchPlan, process: StageOne, envelope_type: Any
+    ) -> tuple[Any, str | None]:
+        """``process`` over the records of the planned ranges, read by the pipeline's
+        ``KafkaSource.reader`` choice: Spark's Kafka source in the JVM, then ``process`` in
+        a ``mapInArrow`` over its rows; or kafka-python inside the ``mapInArrow`` tasks
+        themselves, one range per task (``range_descriptors``)."""
+        if not plan.ranges:
+            return self.spark.createDataFrame([], envelope_type), None
+        bootstrap = self.settings.kafka_bootstrap_servers
+        requested = self.pipeline.source.reader
+        problem = None if requested == "python" else connector_problem(self.spark)
+        reader = choose_reader(self.pipeline.name, requested, problem)
+        log.info(
+            "pipeline %s batch %s: stage 1 reads %d ranges with %s",
+            self.pipeline.name,
+            plan.batch_id,
+            len(plan.ranges),
+            "Spark's Kafka source" if reader == "spark" else "kafka-python",
+        )
+        if reader == "spark":
+            rows = read_ranges_spark(
+                self.spark,
+                bootstrap,
+                plan.ranges,
+                consumer_config=self.settings.kafka_client_config(),
+                view=self.broker(),
+            )
+            # Only the columns stage 1 reads cross from the JVM to Python.
+            return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type), reader
+        descriptors = range_descriptors(self.spark, plan.ranges)
+        reading = ReadingStageOne(process, bootstrap, self.settings.kafka_client_config())
+        return descriptors.mapInArrow(reading, envelope_type), reader
+
+    def _ticks_only(self, stage: StageTwo) -> list[Any]:
+        """Stage 2 of a batch without input: each instance gets only its tick, so one task
+        per instance (``spark.range`` with one row per slice) and no shuffle — a single
+        short Spark stage instead of a shuffle map and reduce."""
+
+        def per_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for instance in batch.column("id").to_pylist():
+                    yield from stage((instance,), ticks([instance])).to_batches()
+
+        slices = self.spark.range(0, stage.parallelism, 1, stage.parallelism)
+        return slices.mapInArrow(per_task, RESULT_DDL).collect()
+
+    def _collect(self, rows: list[Any], stage: StageTwo) -> tuple[InstanceResult, ...]:
+        results = sorted(
+            (InstanceResult.from_json(json.loads(r["result"])) for r in rows),
+            key=lambda r: r.instance,
+        )
+        got = [r.instance for r in results]
+        if got != list(range(stage.parallelism)):
+            raise BatchError(
+                f"pipeline {self.pipeline.name!r} batch {stage.batch_id}: instances {got} "
+                f"reported, expected 0..{stage.parallelism - 1}"
+            )
+        return tuple(results)
+
+
+def _per_instance(
+    stage: StageTwo,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow body over one ``repartitionById`` partition: one whole instance."""
+
+    def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else None
+        instances = [] if table is None else pc.unique(table.column("instance")).to_pylist()
+        if len(instances) != 1 or table is None:  # every partition holds its tick
+            raise BatchError(
+                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a stage-2 "
+                f"partition holds instances {sorted(instances)}, expected exactly one"
+            )
+        yield from stage((instances[0],), table).to_batches()
+
+    return per_instance
+
+
+def check_storage_for_master(pipeline: Pipeline, master: str) -> None:
+    """Executors of a real cluster share no filesystem: state and sink files must then
+    live on S3, or one executor would restore state another never sees."""
+    if master.startswith("local"):
+        return
+    urls = {"checkpoints": pipeline.checkpoints}
+    for sink in pipeline.all_sinks():
+        url = sink.shared_storage_url()
+        if url is not None:
+            urls[f"sink {sink.name!r}"] = url
+    local = {what: url for what, url in urls.items() if not url.startswith("s3://")}
+    if local:
+        listed = ", ".join(f"{what} = {url!r}" for what, url in local.items())
+        raise ConfigError(
+            f"pipeline {pipeline.name!r} runs on Spark master {master!r}, whose executors do "
+            f"not share a filesystem, but {listed} is on the local filesystem. Put checkpoints "
+            "and Parquet sinks on S3 (s3://bucket/prefix), or use a local[*] master."
+        )
+
+
+def has_input(plan: BatchPlan, pending: pa.Table | None) -> bool:
+    """Does stage 1 have anything to read? (``plan.ranges`` holds only non-empty ranges.)"""
+    return bool(plan.ranges) or (pending is not None and pending.num_rows > 0)
+
+
+def ship_user_code(pipeline: Pipeline) -> None:
+    """Pickle the pipeline's own modules by value, so Spark workers need not import them
+    (a job file run by spark-submit, a test module): only the library must be installed.
+
+    Library, standard-library and installed modules are left alone (pickled by name)."""
+    import functools
+    import sys
+    import types
+
+    from pyspark import cloudpickle
+
+    objs: list[Any] = [pipeline.process, pipeline.source.decoder, pipeline.key_by]
+    objs += [type(s) for s in pipeline.all_sinks()]  # a user's own sink class
+    if pipeline.enrich is not None:
+        objs.append(pipeline.enrich.make_operator)
+    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    for obj in objs:
+        while isinstance(obj, functools.partial):
+            obj = obj.func
+        if obj is None or isinstance(obj, str):
+            continue
+        is_code = isinstance(obj, types.FunctionType | type)
+        mod_name = obj.__module__ if is_code else type(obj).__module__
+        module = sys.modules.get(mod_name)
+        path = getattr(module, "__file__", None) or ""
+        if (
+            module is None
+            or mod_name == "__main__"
+            or mod_name.split(".")[0] == "microbatch"
+            or not path
+            or path.startswith(installed)
+        ):
+            continue
+        cloudpickle.register_pickle_by_value(module)

@@ -1,0 +1,127 @@
+"""The sink protocol: what the batch runtime asks of an output, and nothing else.
+
+A sink's life in a batch has two halves, split by the checkpoint's commit:
+
+1. **stage** (inside each stage-2 task, before the commit): turn the instance's rows into
+   bytes at keys that depend only on the batch and the instance — a rerun rewrites the
+   same bytes — and say what was written (a :class:`Staged`);
+2. **publish** (on the driver, after the commit): make exactly the staged output the
+   committed manifest names visible, idempotently — a rerun after a crash may publish
+   again, and a reader must still see each row once.
+
+A sink also says whether its output can be taken back (:attr:`Sink.retractable`: a rewind
+or backfill replaces the undone batches' output, or refuses) and whether its staged files
+must live where every executor reaches them (:meth:`Sink.shared_storage_url`). The runtime
+never asks which kind a sink is; a new sink is one class in one file of this package
+(see docs/runtime.md, "Writing a sink").
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from microbatch.checkpoint.layout import Layout
+from microbatch.settings import Settings
+from microbatch.storage import ObjectStore
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """What one instance staged for one sink in one batch: an object and its row count."""
+
+    file: str
+    rows: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "rows": self.rows}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Staged:
+        return cls(str(body["file"]), int(body["rows"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    """Where and for whom a stage-2 instance stages its output."""
+
+    pipeline: str
+    batch_id: int
+    instance: int
+    settings: Settings
+    #: The pipeline's checkpoint store (sinks that stage next to the checkpoint use it).
+    checkpoint_store: ObjectStore
+    layout: Layout
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishContext:
+    """A committed batch, as publishing needs it (everything comes from the manifest)."""
+
+    pipeline: str
+    batch_id: int
+    settings: Settings
+    checkpoint_store: ObjectStore
+    layout: Layout
+    #: This sink's staged output, one entry per instance that wrote any.
+    staged: tuple[Staged, ...]
+    #: ``"topic:partition"`` → the offset after the batch's input.
+    end_offsets: Mapping[str, int]
+    #: Undone batches (of a rewind) whose output this batch replaces.
+    supersedes: tuple[int, ...] = ()
+
+
+#: Undone batches whose output is still visible → their end offsets (None: unknown, never
+#: replaced). Keys are batch ids as strings: the mapping lives in checkpoint JSON.
+Awaiting = dict[str, "dict[str, int] | None"]
+
+
+class Sink(abc.ABC):
+    """One output of a pipeline. Implementations are frozen dataclasses (they travel to
+    Spark tasks pickled) with a ``name`` unique in the pipeline."""
+
+    name: str
+    #: Can the output of a batch be replaced after publishing (by a rewind or backfill)?
+    retractable: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
+        """Stage one instance's ``rows`` (plain records); None when nothing was written."""
+
+    @abc.abstractmethod
+    def publish(self, ctx: PublishContext) -> None:
+        """Make the committed batch's staged output visible, exactly once."""
+
+    def publish_rewind(self, ctx: PublishContext, undone: Sequence[int]) -> None:  # noqa: B027
+        """A rewind committed as ``ctx.batch_id`` undoes ``undone``: record it, so later
+        batches can replace their output. Nothing to do for output that cannot be
+        replaced (the runtime refuses such rewinds unless told to accept repeats)."""
+
+    def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
+        """Undone batches (also ``undone``, a rewind about to commit) whose output is
+        still visible, read from the sink itself; empty for a sink that cannot retract."""
+        return {}
+
+    def shared_storage_url(self) -> str | None:
+        """Where stage-2 tasks write this sink's files, if outside the checkpoint store:
+        on a real cluster it must be storage every executor reaches (S3)."""
+        return None
+
+
+def rows_to_table(sink_name: str, records: Sequence[Any], schema: pa.Schema | None) -> pa.Table:
+    """Plain records as an Arrow table of ``schema`` (inferred without one)."""
+    import pyarrow as pa
+
+    from microbatch.errors import SinkError
+
+    try:
+        return pa.Table.from_pylist(list(records), schema=schema)
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise SinkError(
+            f"sink {sink_name!r}: records do not fit its schema ({e}); first record: "
+            f"{records[0]!r:.300}"
+        ) from e

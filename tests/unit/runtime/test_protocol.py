@@ -1,0 +1,239 @@
+"""The commit protocol without Spark or Kafka: a stand-in broker plans, a stand-in executor
+runs the real stage-1 and stage-2 functions in this process, checkpoints and the Parquet
+sink live on the local filesystem. Crash points, phases and recovery are pinned here; the
+same runs on Spark and Kafka are in tests/integration/runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from collections.abc import Collection
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from microbatch.checkpoint import Layout, latest_manifest, load_manifest
+from microbatch.kafka import BatchPlan, BrokerView, TopicPartition
+from microbatch.runtime import (
+    BatchOptions,
+    BatchRunner,
+    InjectedCrash,
+    KafkaSource,
+    KeyedProcessFunction,
+    ParquetSink,
+    Pipeline,
+)
+from microbatch.runtime.envelope import ENVELOPE_SCHEMA, SOURCE_COLUMNS, ticks
+from microbatch.runtime.execute import Execution, has_input
+from microbatch.runtime.phases import Phase, phase_of
+from microbatch.runtime.records import BatchRecord, InstanceResult
+from microbatch.runtime.stage_one import StageOne
+from microbatch.runtime.stage_two import StageTwo
+from microbatch.settings import Settings
+from microbatch.sinks import read_parquet_sink
+from microbatch.storage import open_store
+
+
+class CountPerUser(KeyedProcessFunction):
+    def process(self, key, records, ctx) -> None:
+        total = ctx.value("total")
+        total.set(total.get(0) + len(records))
+        ctx.emit({"user": key, "total": total.get()})
+
+
+class Log:
+    """A stand-in for the source's brokers: one topic's partitions as lists of values."""
+
+    bootstrap_servers = "stand-in:9092"
+
+    def __init__(self, partitions: int) -> None:
+        self.values: dict[TopicPartition, list[bytes]] = {
+            TopicPartition("clicks", p): [] for p in range(partitions)
+        }
+
+    def produce(self, partition: int, *users: str) -> None:
+        log = self.values[TopicPartition("clicks", partition)]
+        log.extend(json.dumps({"user": u, "n": len(log) + i}).encode() for i, u in enumerate(users))
+
+    def partitions_for(self, topic: str) -> set[int] | None:
+        return {tp.partition for tp in self.values if tp.topic == topic} or None
+
+    def beginning_offsets(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: 0 for tp in tps}
+
+    def end_offsets(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: len(self.values[tp]) for tp in tps}
+
+    def offsets_for_times(
+        self, tps: Collection[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        return {tp: None for tp in tps}
+
+
+class InProcess:
+    """A stand-in executor: stage 1 over the planned records, then stage 2 per instance,
+    in this process — the functions Spark runs, without Spark."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.executions = 0
+
+    def prepare(self) -> None:
+        pass
+
+    def execute(
+        self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
+    ) -> Execution:
+        self.executions += 1
+        rows: dict[str, list] = {c: [] for c in SOURCE_COLUMNS}
+        for r in plan.ranges:
+            for off in range(r.start, r.end):
+                for column, value in zip(
+                    SOURCE_COLUMNS,
+                    (
+                        r.topic,
+                        r.partition,
+                        off,
+                        None,
+                        self.log.values[TopicPartition(r.topic, r.partition)][off],
+                    ),
+                    strict=True,
+                ):
+                    rows[column].append(value)
+        by_instance: dict[int, list[pa.RecordBatch]] = defaultdict(list)
+        if has_input(plan, pending):
+            process = StageOne(stage.pipeline, stage.parallelism, watermark, stage.crash_at)
+            kafka = pa.RecordBatch.from_pydict(rows)
+            for batch in process([kafka]):
+                table = pa.Table.from_batches([batch])
+                for i in range(stage.parallelism):
+                    by_instance[i].append(
+                        table.filter(pa.compute.equal(table.column("instance"), i))
+                    )
+        results = []
+        for i in range(stage.parallelism):
+            parts = [*by_instance[i], ticks([i])]
+            table = pa.concat_tables([pa.table(p, schema=ENVELOPE_SCHEMA) for p in parts])
+            out = stage((i,), table)
+            results.append(InstanceResult.from_json(json.loads(out.column("result")[0].as_py())))
+        return Execution(tuple(results), None)
+
+
+@pytest.fixture
+def log() -> Log:
+    log = Log(partitions=2)
+    log.produce(0, "ann", "bob", "ann")
+    log.produce(1, "cid", "ann")
+    return log
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Pipeline:
+    return Pipeline(
+        name="counts",
+        source=KafkaSource(topics=("clicks",)),
+        key_by="user",
+        process=CountPerUser(),
+        sinks=[ParquetSink("totals", str(tmp_path / "totals"))],
+        checkpoints=str(tmp_path / "checkpoints"),
+        max_parallelism=8,
+        parallelism=2,
+    )
+
+
+def runner(pipeline: Pipeline, log: Log) -> BatchRunner:
+    settings = dataclasses.replace(Settings.from_env(), spark_master="local[1]")
+    return BatchRunner(None, pipeline, settings, executor=InProcess(log), broker=log)
+
+
+def totals(pipeline: Pipeline) -> list[tuple[str, int]]:
+    table = read_parquet_sink(pipeline.sinks[0].url)  # type: ignore[attr-defined]
+    if table.num_rows == 0:
+        return []
+    users, counts = table.column("user").to_pylist(), table.column("total").to_pylist()
+    return sorted(zip(users, counts, strict=True))
+
+
+def phase(pipeline: Pipeline, batch_id: int) -> Phase:
+    return phase_of(open_store(pipeline.checkpoints), Layout(), batch_id)
+
+
+def test_the_stand_in_broker_is_a_broker_view(log: Log) -> None:
+    assert isinstance(log, BrokerView)
+
+
+def test_a_batch_goes_from_new_to_published_and_records_what_it_did(pipeline, log) -> None:
+    assert phase(pipeline, 0) is Phase.NEW
+
+    result = runner(pipeline, log).run()
+
+    assert (result.status, result.batch_id, result.records_in) == ("committed", 0, 5)
+    assert result.outputs == {"totals": 3}
+    assert phase(pipeline, 0) is Phase.PUBLISHED
+    assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]
+    record = BatchRecord.of(latest_manifest(open_store(pipeline.checkpoints), Layout()))
+    assert record.offsets == {("clicks", 0): 3, ("clicks", 1): 2}
+    assert record.batch is not None and record.batch.base_checkpoint is None
+    assert record.stats is not None and record.stats.records_in == 5
+    assert sum(s.rows for s in record.sinks["totals"] if s) == 3  # type: ignore[index]
+
+
+def test_the_batch_record_reads_back_as_the_manifest_wrote_it(pipeline, log) -> None:
+    runner(pipeline, log).run()
+    manifest = load_manifest(open_store(pipeline.checkpoints), Layout(), 0)
+
+    record = BatchRecord.of(manifest)
+
+    assert record.to_json() == json.loads(json.dumps(dict(manifest.metadata)))
+    unknown = {**manifest.metadata, "future_field": {"x": 1}}
+    assert BatchRecord.from_json(unknown, 0).to_json()["future_field"] == {"x": 1}
+
+
+def test_a_crash_after_the_commit_is_published_by_the_next_run(pipeline, log) -> None:
+    with pytest.raises(InjectedCrash):
+        runner(pipeline, log).run(BatchOptions(crash_at="after_commit", run_id="r1"))
+    assert phase(pipeline, 0) is Phase.COMMITTED
+    assert totals(pipeline) == []  # committed, not visible yet
+
+    log.produce(0, "bob")
+    result = runner(pipeline, log).run(BatchOptions(run_id="r1"))
+
+    assert result.recovered_publish == 0 and result.batch_id == 1
+    assert totals(pipeline) == [("ann", 3), ("bob", 1), ("bob", 2), ("cid", 1)]
+
+
+def test_a_crash_after_planning_replays_the_stored_plan(pipeline, log) -> None:
+    with pytest.raises(InjectedCrash):
+        runner(pipeline, log).run(BatchOptions(crash_at="after_plan", run_id="r1"))
+    assert phase(pipeline, 0) is Phase.PLANNED
+
+    log.produce(1, "dan")  # arrives after the plan: the next batch reads it
+    result = runner(pipeline, log).run(BatchOptions(run_id="r1", parallelism=3))
+
+    assert result.replayed and result.records_in == 5
+    assert result.parallelism == 2  # the recorded parallelism, for the same files
+    assert runner(pipeline, log).run().records_in == 1
+
+
+def test_a_crash_after_staging_leaves_an_executed_batch_that_commits_once(pipeline, log) -> None:
+    with pytest.raises(InjectedCrash):
+        runner(pipeline, log).run(BatchOptions(crash_at="after_sink_staging", run_id="r1"))
+    assert phase(pipeline, 0) is Phase.EXECUTED
+
+    result = runner(pipeline, log).run(BatchOptions(run_id="r1"))
+
+    assert result.replayed and phase(pipeline, 0) is Phase.PUBLISHED
+    assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]
+
+
+def test_a_batch_without_new_records_commits_an_empty_checkpoint(pipeline, log) -> None:
+    first = runner(pipeline, log)
+    first.run()
+    executor = first.executor
+
+    result = BatchRunner(None, pipeline, first.settings, executor=executor, broker=log).run()
+
+    assert (result.batch_id, result.records_in, result.outputs) == (1, 0, {"totals": 0})
+    assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]
