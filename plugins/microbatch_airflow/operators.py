@@ -17,7 +17,23 @@ from microbatch_airflow.connections import (
 )
 
 
-class MicrobatchJobOperator(BaseOperator):
+class _StopsItsJob:
+    """Keeps the job's process so that a killed or timed-out task stops it (``on_kill``;
+    ``run_job`` also stops it when the task's own code is interrupted)."""
+
+    _job_process: Any = None
+
+    def _started(self, proc: Any) -> None:
+        self._job_process = proc
+
+    def on_kill(self) -> None:
+        from microbatch.runner import stop_job
+
+        if self._job_process is not None:
+            stop_job(self._job_process)
+
+
+class MicrobatchJobOperator(_StopsItsJob, BaseOperator):
     """Submit ``job`` (a ``jobs/*.py`` entrypoint) to Spark and return its result.
 
     The job's log streams into the task log; its ``MICROBATCH_RESULT`` line becomes the
@@ -52,12 +68,14 @@ class MicrobatchJobOperator(BaseOperator):
         settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id)
         self.log.info("microbatch settings: %s", settings.redacted())
         try:
-            return run_job(self.job, self.job_args, settings, echo=self.log.info)
+            return run_job(
+                self.job, self.job_args, settings, echo=self.log.info, started=self._started
+            )
         except MicrobatchError as exc:
             raise AirflowException(str(exc)) from None
 
 
-class MicrobatchBatchOperator(BaseOperator):
+class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
     """Run one micro-batch of the pipeline in ``job`` (a ``jobs/*.py`` entrypoint).
 
     The batch's arguments come from the operator, else from the run's params
@@ -149,7 +167,9 @@ class MicrobatchBatchOperator(BaseOperator):
         self.log.info("microbatch settings: %s", settings.redacted())
         args, dry_run = self.batch_args(context)
         try:
-            result = run_job(self.job, args, settings, self.log.info, env=self.env)
+            result = run_job(
+                self.job, args, settings, self.log.info, env=self.env, started=self._started
+            )
         except MicrobatchError as exc:
             raise AirflowException(str(exc)) from None
         self.log.info(

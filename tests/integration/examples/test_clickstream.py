@@ -93,3 +93,10 @@ def test_clickstream_sessions_equal_the_reference_exactly_once(
         for m in read_topic(bootstrap, config.dead_letter_topic)
     )
     assert reasons == ["bad_event_time", "enrichment_error", "late", "undecodable"]
+    # Each dead letter names its source record by integer coordinates and carries its bytes.
+    source = {(m.partition, m.offset): m.value for m in read_topic(bootstrap, config.topic)}
+    for m in read_topic(bootstrap, config.dead_letter_topic):
+        headers = dict(m.headers)
+        partition, offset = headers["microbatch.partition"], headers["microbatch.offset"]
+        assert partition.isdigit() and offset.isdigit(), (partition, offset)
+        assert source[(int(partition), int(offset))] == m.value

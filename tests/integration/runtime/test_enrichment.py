@@ -3,11 +3,12 @@ or doubled, and the outputs equal a run without a deadline."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from microbatch.checkpoint import Layout, load_manifest
+from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
 from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
@@ -49,3 +50,40 @@ def test_a_batch_deadline_carries_unfinished_enrichment_to_the_next_batch(
     got, want = rows(tmp_path / "deadline"), rows(tmp_path / "ref")
     assert len(want) == 120
     assert got == want
+
+
+def test_retention_keeps_the_pending_file_a_replayed_checkpoint_still_names(
+    spark, kafka_settings, admin, tmp_path: Path
+) -> None:
+    """A replay's copy names its source's pending file; retention must keep that file while
+    a retained checkpoint names it, or every later batch built on the copy fails."""
+    topic = new_topic(admin, 2)
+    produce(
+        kafka_settings.kafka_bootstrap_servers,
+        topic,
+        [click(f"u{i % 5}", f"/p{i}", ts=i) for i in range(120)],
+    )
+    slow = dataclasses.replace(
+        enrich_pipeline(topic, str(tmp_path), deadline_s=0.2), retain_checkpoints=2
+    )
+    store = open_store(slow.checkpoints)
+
+    def run(run_id: str) -> None:
+        BatchRunner(spark, slow, kafka_settings).run(BatchOptions(run_id=run_id))
+
+    def pending_of(checkpoint_id: int) -> str | None:
+        ref = load_manifest(store, Layout(), checkpoint_id).metadata["enrich_pending"]
+        return None if ref is None else ref["file"]
+
+    run("b0")
+    first_pending = pending_of(0)
+    assert first_pending is not None
+    run("b1")
+    BatchRunner(None, slow, kafka_settings).replay_from(0)  # checkpoint 2, a copy of 0
+    run("b3")  # retention keeps checkpoints 2 and 3; 2 still names batch 0's file
+    assert pending_of(2) == first_pending and store.exists(first_pending)
+
+    BatchRunner(None, slow, kafka_settings).replay_from(2)  # checkpoint 4, naming it too
+    run("b5")  # restores the pending elements from that file
+
+    assert list_checkpoints(store, Layout())[-1] == 5

@@ -13,6 +13,7 @@ from microbatch.storage import (
     LocalFileStore,
     ObjectNotFoundError,
     ObjectStore,
+    PreconditionFailedError,
     S3Store,
     open_store,
 )
@@ -90,6 +91,64 @@ def test_racing_creates_exactly_one_wins(store):
 
     assert len(wins) == 1 and len(losses) == n - 1
     assert store.get("race/manifest") == f"writer-{wins[0]}".encode()
+
+
+def test_replace_at_the_current_tag_writes_and_returns_a_new_tag(store):
+    store.put("lease", b"v1")
+    data, tag = store.get_tagged("lease")
+
+    new_tag = store.replace("lease", b"v2", tag)
+
+    assert data == b"v1" and new_tag != tag
+    assert store.get_tagged("lease") == (b"v2", new_tag)
+
+
+def test_replace_or_delete_at_a_stale_tag_fails_and_changes_nothing(store):
+    store.put("lease", b"v1")
+    _, stale = store.get_tagged("lease")
+    store.put("lease", b"v2")  # someone else wrote in between
+
+    with pytest.raises(PreconditionFailedError):
+        store.replace("lease", b"v3", stale)
+    with pytest.raises(PreconditionFailedError):
+        store.delete_if("lease", stale)
+    assert store.get("lease") == b"v2"
+
+
+def test_replace_of_a_missing_key_fails_and_delete_if_of_one_is_fine(store):
+    store.put("lease", b"v1")
+    _, tag = store.get_tagged("lease")
+    store.delete_if("lease", tag)
+
+    assert not store.exists("lease")
+    with pytest.raises(PreconditionFailedError):
+        store.replace("lease", b"v2", tag)
+    store.delete_if("lease", tag)  # gone already: nothing to do
+
+
+def test_racing_replaces_at_one_tag_exactly_one_wins(store):
+    n = 8
+    store.put("race/lease", b"start")
+    _, tag = store.get_tagged("race/lease")
+    barrier = threading.Barrier(n)
+    wins: list[int] = []
+
+    def racer(i: int) -> None:
+        barrier.wait()
+        try:
+            store.replace("race/lease", f"writer-{i}".encode(), tag)
+            wins.append(i)
+        except PreconditionFailedError:
+            pass
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert len(wins) == 1
+    assert store.get("race/lease") == f"writer-{wins[0]}".encode()
 
 
 def test_get_range_returns_exact_slice(store):

@@ -67,3 +67,62 @@ def test_failure_carries_the_batch_message_not_the_log_noise(tmp_path):
 def test_a_job_without_a_result_line_fails(tmp_path):
     with pytest.raises(JobFailedError, match="without a MICROBATCH_RESULT"):
         run_job(job(tmp_path, "print('hi')\n"), [], SETTINGS, lambda _: None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_an_interrupted_caller_stops_the_job_and_everything_it_started(tmp_path):
+    """A task timeout or kill interrupts run_job: the job's whole process tree goes with
+    it (spark-submit's JVM and driver would otherwise keep running the batch)."""
+    script = job(
+        tmp_path,
+        """
+        import subprocess, time
+        child = subprocess.Popen(["sleep", "300"])
+        print("child", child.pid, flush=True)
+        time.sleep(300)
+        """,
+    )
+    pids: list[int] = []
+
+    def echo(line: str) -> None:
+        if line.startswith("child "):
+            pids.append(int(line.split()[1]))
+            raise TimeoutError("the task's execution_timeout")
+
+    with pytest.raises(TimeoutError):
+        run_job(script, ["--dry-run"], SETTINGS, echo)
+
+    assert pids and not _alive(pids[0])
+
+
+def test_stop_job_ends_a_running_job_from_elsewhere(tmp_path):
+    """What the operators' on_kill does with the process run_job handed them."""
+    import threading
+
+    from microbatch.runner import stop_job
+
+    script = job(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    started: list = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_job(script, ["--dry-run"], SETTINGS, lambda _: None, started=started.append)
+        except JobFailedError as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not started:
+        threading.Event().wait(0.05)
+    stop_job(started[0], grace_s=5)
+    thread.join(timeout=30)
+
+    assert not thread.is_alive() and failed  # the killed job fails its caller

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest, load_manifest
+from microbatch.errors import BatchError, CheckpointError
 from microbatch.kafka import BatchPlan, BrokerView, TopicPartition
 from microbatch.runtime import (
     BatchOptions,
@@ -237,3 +238,34 @@ def test_a_batch_without_new_records_commits_an_empty_checkpoint(pipeline, log) 
 
     assert (result.batch_id, result.records_in, result.outputs) == (1, 0, {"totals": 0})
     assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]
+
+
+def test_a_stale_attempt_cannot_commit_a_checkpoint_retention_already_removed(
+    pipeline, log
+) -> None:
+    """An attempt that stalled before batch 0 and wakes after batches 0-2 committed and
+    retention removed manifest 0 must not commit checkpoint 0 a second time."""
+    short = dataclasses.replace(pipeline, retain_checkpoints=1)
+    for _ in range(3):
+        log.produce(0, "ann")
+        runner(short, log).run()
+    store = open_store(short.checkpoints)
+    assert [phase(short, b) for b in (0, 2)] == [Phase.NEW, Phase.PUBLISHED]  # 0 is gone
+
+    stale = runner(short, log)
+    with pytest.raises(BatchError, match=r"started from checkpoint None, but the newest is now 2"):
+        stale.commit("pipeline 'counts' batch 0", None, 0, BatchRecord(), [])
+    assert [m.checkpoint_id for m in [latest_manifest(store, Layout())] if m] == [2]
+
+
+def test_a_new_checkpoint_location_refuses_sinks_that_already_published(
+    pipeline, log, tmp_path
+) -> None:
+    """Batch ids start at 0 again with new checkpoints: the Parquet sink's commit entries
+    of batches 0.. would be overwritten, so the first batch refuses to start."""
+    runner(pipeline, log).run()
+    moved = dataclasses.replace(pipeline, checkpoints=str(tmp_path / "elsewhere"))
+
+    with pytest.raises(CheckpointError, match=r"sink 'totals' already published batches up to 0"):
+        runner(moved, log).run()
+    assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]  # untouched

@@ -217,3 +217,16 @@ def test_stage_one_totals_add_up_partitions_split_over_tasks() -> None:
         },
     }
     assert stage_one_totals([]).max_event == {}
+
+
+def test_a_dead_letter_after_enrichment_carries_its_source_bytes_from_the_first_lookup() -> None:
+    """The index of source bytes is built on the first dead letter's lookup: that lookup
+    must find the record too, not fall back to the enriched value."""
+    from microbatch.runtime.stage_one import _SourceBytes
+
+    sources = _SourceBytes()
+    sources.add(["t", "t"], [0, 1], [7, 9], [b"k7", None], [b"v7", b"v9"])
+
+    assert sources.get(("t", 1, 9)) == (None, b"v9")  # the first lookup builds the index
+    assert sources.get(["t", 0, 7]) == (b"k7", b"v7")
+    assert sources.get(("t", 0, 8)) is None

@@ -208,15 +208,22 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout, latest_manifest, reshard
     from microbatch.runtime import fence
+    from microbatch.runtime.phases import Phase, phase_of
+    from microbatch.runtime.publish import publish
     from microbatch.runtime.records import BatchRecord, ReshardOrigin
 
     pipeline = load_pipeline(args.pipeline)
     store = _store(pipeline, settings)
     owner = f"reshard-{time.time_ns()}"
-    with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s):
+    with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s) as held:
         m = latest_manifest(store, Layout())
         if m is None:
             raise ConfigError(f"pipeline {pipeline.name!r} has no checkpoint to reshard")
+        if phase_of(store, Layout(), m.checkpoint_id) is Phase.COMMITTED:
+            # A crash between its commit and its publish: publish it first, or the copy
+            # (which has no output of its own) would leave its output unpublished.
+            held.check("publishing")
+            publish(store, Layout(), pipeline, settings, m)
         target = args.max_parallelism or pipeline.max_parallelism
         if target == m.max_parallelism:
             raise ConfigError(
@@ -226,6 +233,7 @@ def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         record = dataclasses.replace(
             BatchRecord.of(m), resharded_from=ReshardOrigin(m.checkpoint_id, m.max_parallelism)
         )
+        held.check("the reshard's commit")
         result = reshard(store, Layout(), m.checkpoint_id, target, metadata=record.to_json())
     return {
         "pipeline": pipeline.name,
@@ -308,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay even though Kafka sinks receive the undone outputs again",
     )
-    add("unlock", "release the lease of a run that died")
+    add("unlock", "end the lease now (a dead run's lease expires on its own)")
     return p
 
 

@@ -7,8 +7,11 @@ with the job's own error message when it exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import subprocess
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -37,9 +40,15 @@ def run_job(
     echo: Callable[[str], None] | None = None,
     *,
     env: Mapping[str, str] | None = None,
+    started: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``job`` and return its (last) ``MICROBATCH_RESULT``; every other line goes to
-    ``echo``. ``env`` is extra environment for the job (``MICROBATCH_<PIPELINE>_*``)."""
+    ``echo``. ``env`` is extra environment for the job (``MICROBATCH_<PIPELINE>_*``).
+
+    The job runs in its own process group, which is stopped whole (spark-submit, the JVM,
+    the Python driver) when this call ends by an exception — a timeout, a kill of the
+    caller's task — so no batch keeps running behind its caller's back. ``started`` gets
+    the process, for a caller that must stop it from elsewhere (:func:`stop_job`)."""
     settings = settings or Settings.from_env()
     echo = echo or log.info
     argv, job_env = spark_submit_command(settings, job, job_args)
@@ -49,20 +58,32 @@ def run_job(
     error: list[str] = []
     recent: deque[str] = deque(maxlen=20)
     with subprocess.Popen(
-        argv, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        argv,
+        env=job_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
     ) as proc:
+        if started is not None:
+            started(proc)
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            if line.startswith(RESULT_PREFIX):
-                result = json.loads(line[len(RESULT_PREFIX) :])
-                continue
-            if line.startswith(ERROR_PREFIX):
-                error = [line[len(ERROR_PREFIX) :]]
-            elif error:
-                error.append(line)  # a multi-line message (a Spark task error)
-            recent.append(line)
-            echo(line)
+        try:
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                if line.startswith(RESULT_PREFIX):
+                    result = json.loads(line[len(RESULT_PREFIX) :])
+                    continue
+                if line.startswith(ERROR_PREFIX):
+                    error = [line[len(ERROR_PREFIX) :]]
+                elif error:
+                    error.append(line)  # a multi-line message (a Spark task error)
+                recent.append(line)
+                echo(line)
+        except BaseException:
+            stop_job(proc)
+            raise
     name = Path(job).name
     if proc.returncode != 0:
         if error:
@@ -74,3 +95,17 @@ def run_job(
     if result is None:
         raise JobFailedError(f"Spark job {name} finished without a MICROBATCH_RESULT line")
     return result
+
+
+def stop_job(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """Stop a job started by :func:`run_job` and everything it started: SIGTERM to its
+    process group, then SIGKILL to whatever of the group is left after ``grace_s``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:  # the group is gone already
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -20,6 +20,7 @@ import logging
 
 from microbatch.checkpoint.catalog import list_checkpoints, load_manifest
 from microbatch.checkpoint.layout import Layout
+from microbatch.checkpoint.manifest import Manifest
 from microbatch.errors import CheckpointError
 from microbatch.storage import ObjectStore
 
@@ -32,6 +33,8 @@ class GcResult:
     deleted_manifests: tuple[int, ...]
     deleted_files: tuple[str, ...]
     kept_files: int
+    #: The retained manifests, oldest first (read anyway: callers reuse them).
+    manifests: tuple[Manifest, ...] = ()
 
 
 def collect_garbage(store: ObjectStore, layout: Layout, keep_last: int) -> GcResult:
@@ -42,9 +45,10 @@ def collect_garbage(store: ObjectStore, layout: Layout, keep_last: int) -> GcRes
     if not ids:
         return GcResult((), (), (), 0)
     retained, dropped = ids[-keep_last:], ids[:-keep_last]
+    manifests = tuple(load_manifest(store, layout, cid) for cid in retained)
     referenced: set[str] = set()
-    for cid in retained:
-        referenced |= load_manifest(store, layout, cid).files()
+    for m in manifests:
+        referenced |= m.files()
     newest = ids[-1]
 
     for cid in dropped:  # Step 1
@@ -64,4 +68,4 @@ def collect_garbage(store: ObjectStore, layout: Layout, keep_last: int) -> GcRes
         len(dropped),
         len(deleted),
     )
-    return GcResult(tuple(retained), tuple(dropped), tuple(deleted), kept)
+    return GcResult(tuple(retained), tuple(dropped), tuple(deleted), kept, manifests)

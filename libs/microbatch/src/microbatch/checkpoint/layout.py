@@ -6,13 +6,14 @@
     <prefix>state/<id:020d>/<instance:05d>-<attempt>.arrow  one state file per instance
     <prefix>plans/<id:020d>.json                           the offset ranges a batch reads
     <prefix>batches/<id:020d>.json                         the batch's run spec (parallelism)
-    <prefix>pending/<id:020d>.arrow                        enrichment inputs left unfinished
-    <prefix>staging/<id:020d>/<sink>/part-<instance:05d>.arrow  Kafka output before publish
+    <prefix>pending/<id:020d>-<attempt>.arrow              enrichment inputs left unfinished
+    <prefix>staging/<id:020d>/<sink>/part-<instance:05d>-<attempt>.arrow  Kafka output, staged
     <prefix>published/<id:020d>                            the batch's output is visible
     <prefix>lease.json                                     which run works on the pipeline
 
 Zero-padded ids make a plain sorted listing chronological. ``attempt`` is random per
-write, so a retried or racing attempt never overwrites a file a manifest may reference.
+attempt of a batch, so a retried, racing or stalled (zombie) attempt never overwrites a
+file a manifest may reference: the manifest names the files of the attempt that committed.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class Layout:
     def spec_key(self, batch_id: int) -> str:
         return f"{self.specs}{check_checkpoint_id(batch_id):020d}.json"
 
-    def pending_key(self, batch_id: int) -> str:
-        return f"{self.pending}{check_checkpoint_id(batch_id):020d}.arrow"
+    def pending_key(self, batch_id: int, attempt: str) -> str:
+        return f"{self.pending}{check_checkpoint_id(batch_id):020d}-{attempt}.arrow"
 
     def published_key(self, batch_id: int) -> str:
         return f"{self.published}{check_checkpoint_id(batch_id):020d}"
@@ -105,8 +106,8 @@ class Layout:
     def staging_dir(self, batch_id: int) -> str:
         return f"{self.staging}{check_checkpoint_id(batch_id):020d}/"
 
-    def staging_key(self, batch_id: int, sink: str, instance: int) -> str:
-        return f"{self.staging_dir(batch_id)}{sink}/part-{instance:05d}.arrow"
+    def staging_key(self, batch_id: int, sink: str, instance: int, attempt: str) -> str:
+        return f"{self.staging_dir(batch_id)}{sink}/part-{instance:05d}-{attempt}.arrow"
 
     def per_batch_prefixes(self) -> tuple[str, ...]:
         """The prefixes holding one object (or folder) per batch id, for retention."""
@@ -116,8 +117,8 @@ class Layout:
         """The batch id of a per-batch object's key, None for anything else."""
         for prefix in self.per_batch_prefixes():
             if key.startswith(prefix):
-                head = key[len(prefix) :].split("/", 1)[0].split(".", 1)[0]
-                return int(head) if head.isdigit() else None
+                head = key[len(prefix) : len(prefix) + 20]
+                return int(head) if len(head) == 20 and head.isdigit() else None
         return None
 
 

@@ -95,11 +95,16 @@ class SparkExecutor:
     ) -> Execution:
         if not has_input(plan, pending):
             return Execution(self._collect(self._ticks_only(stage), stage), None)
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
         envelopes, reader = self.stage_one(plan, process, pending)
-        ticked = envelopes.unionByName(
-            self.spark.createDataFrame(ticks(range(stage.parallelism)).to_pandas())
+        # The envelope schema, not the one pandas infers: all-null integer columns would
+        # come out as doubles and widen the union's (a dead letter's offset "794.0").
+        tick_rows = self.spark.createDataFrame(
+            ticks(range(stage.parallelism)).to_pandas(), schema=from_arrow_schema(ENVELOPE_SCHEMA)
         )
+        ticked = envelopes.unionByName(tick_rows)
         # Partition i holds instance i (a hash could put two in one task), and all of it:
         # mapInArrow over it is the group, without the sort a groupBy adds.
         rows = (

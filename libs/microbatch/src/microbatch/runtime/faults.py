@@ -7,7 +7,13 @@ and state as a run without the crash.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+
 from microbatch.errors import MicrobatchError
+
+log = logging.getLogger(__name__)
 
 CRASH_POINTS = (
     "after_plan",  # the plan is stored, nothing read
@@ -17,6 +23,13 @@ CRASH_POINTS = (
     "after_commit",  # manifest committed, nothing published
     "during_publish",  # first sink published, or a Kafka transaction half sent
 )
+
+
+#: Where a driver can stop itself (SIGSTOP) when ``MICROBATCH_PAUSE_AT`` names the point:
+#: the kill-and-race tests make a stalled attempt (a zombie) this way, resume it with
+#: SIGCONT, and check that it can overwrite nothing.
+PAUSE_POINTS = ("before_plan", "after_plan", "before_commit", "before_publish")
+PAUSE_ENV = "MICROBATCH_PAUSE_AT"
 
 
 class InjectedCrash(MicrobatchError):
@@ -32,3 +45,10 @@ def check_crash_point(point: str | None) -> str | None:
 def crash_if(point: str | None, here: str, where: str) -> None:
     if point == here:
         raise InjectedCrash(f"{where}: injected crash at {here}")
+
+
+def pause_if(here: str, where: str) -> None:
+    """Stop this process (SIGSTOP) at ``here`` if ``MICROBATCH_PAUSE_AT`` names it."""
+    if os.environ.get(PAUSE_ENV) == here:
+        log.warning("%s: pausing at %s (%s), pid %s", where, here, PAUSE_ENV, os.getpid())
+        os.kill(os.getpid(), signal.SIGSTOP)

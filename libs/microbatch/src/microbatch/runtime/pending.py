@@ -38,9 +38,14 @@ def load_pending(store: ObjectStore, ref: PendingRef | None) -> pa.Table | None:
 
 
 def save_pending(
-    store: ObjectStore, layout: Layout, batch_id: int, results: Iterable[InstanceResult]
+    store: ObjectStore,
+    layout: Layout,
+    batch_id: int,
+    attempt: str,
+    results: Iterable[InstanceResult],
 ) -> PendingRef | None:
-    """Write the pending inputs every instance handed back, in source order."""
+    """Write the pending inputs every instance handed back, in source order, under this
+    attempt's name (a stalled twin of the attempt never overwrites the committed one's)."""
     rows = sorted((p.topic, p.partition, p.offset, p.payload) for r in results for p in r.pending)
     if not rows:
         return None
@@ -56,6 +61,6 @@ def save_pending(
     buf = io.BytesIO()
     with ipc.new_file(buf, table.schema) as writer:
         writer.write_table(table)
-    key = layout.pending_key(batch_id)
+    key = layout.pending_key(batch_id, attempt)
     store.put(key, buf.getvalue())
     return PendingRef(key, table.num_rows)

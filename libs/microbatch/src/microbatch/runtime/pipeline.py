@@ -178,7 +178,8 @@ class Pipeline:
     on_process_error: OnProcessError = "fail"
     retain_checkpoints: int = 10
     full_checkpoint_every: int = 10
-    lease_timeout_s: float = 3600.0
+    #: How long a run that stopped renewing (died, stalled) keeps the pipeline from others.
+    lease_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)

@@ -36,6 +36,7 @@ from microbatch.checkpoint import (
     build_manifest,
     commit_manifest,
     latest_manifest,
+    list_checkpoints,
     load_manifest,
     should_write_full,
 )
@@ -52,7 +53,8 @@ from microbatch.kafka import (
 )
 from microbatch.runtime import fence, replay
 from microbatch.runtime.execute import Executor, SparkExecutor, check_storage_for_master
-from microbatch.runtime.faults import check_crash_point, crash_if
+from microbatch.runtime.faults import check_crash_point, crash_if, pause_if
+from microbatch.runtime.fence import Lease
 from microbatch.runtime.options import BatchOptions, BatchResult, Laps, record_run_spec
 from microbatch.runtime.outcome import (
     agreed_stage_one,
@@ -120,20 +122,24 @@ class BatchRunner:
         owner = options.run_id or f"cli-{uuid.uuid4().hex[:12]}"
         try:
             # Step 0: fence.
-            with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
-                return self._run(options, crash_at)
+            with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s) as held:
+                return self._run(options, crash_at, held)
         finally:
             self.close_broker()
 
-    def _run(self, options: BatchOptions, crash_at: str | None) -> BatchResult:
+    def _run(self, options: BatchOptions, crash_at: str | None, held: Lease) -> BatchResult:
         laps = Laps()
-        base, recovered = self.recover()  # Step 1
+        attempt = uuid.uuid4().hex[:12]  # in every name this attempt stages
+        base, recovered = self.recover(held)  # Step 1
+        if base is None:
+            self.check_sinks_start_fresh()
         laps.lap("recover")
         rewind = None
         if options.backfill and options.interval_start_ms is not None:
-            base, rewind = self.rewind_for_backfill(base, options)
+            base, rewind = self.rewind_for_backfill(base, options, held)
             laps.lap("rewind")
 
+        pause_if("before_plan", f"pipeline {self.name!r}")
         plan, spec, replayed = self.plan(base, options)  # Step 2
         where = f"pipeline {self.name!r} batch {plan.batch_id}"
         result = BatchResult(self.name, plan.batch_id, spec.parallelism, "dry_run", replayed)
@@ -144,25 +150,33 @@ class BatchRunner:
         ]
         laps.lap("plan")
         crash_if(crash_at, "after_plan", where)
+        pause_if("after_plan", where)
         if options.dry_run:
             result.lag, result.seconds = self.lag(plan.start_offsets), laps.seconds
             return result
 
         self.executor.prepare()  # Spark starts here if it has not yet
         laps.lap("spark")
-        record, snapshots = self.execute(base, plan, spec, replayed, options, crash_at)  # Step 3
+        record, snapshots = self.execute(  # Step 3
+            base, plan, spec, replayed, options, crash_at, attempt
+        )
         laps.lap("execute")
         crash_if(crash_at, "after_sink_staging", where)
         check_dead_letters(self.pipeline, where, record)
 
         record = with_seconds(record, {**laps.seconds, "to_commit": laps.since_start()})
+        pause_if("before_commit", where)
+        held.check("the commit")
         manifest = self.commit(where, base, plan.batch_id, record, snapshots)  # Step 4
         laps.lap("commit")
         crash_if(crash_at, "after_commit", where)
 
+        pause_if("before_publish", where)
+        held.check("publishing")
         self.publish(manifest, crash_at)
         laps.lap("publish")  # Step 5
 
+        held.check("GC")
         collect_batch_garbage(self.store, self.layout, self.pipeline.retain_checkpoints)
         laps.lap("gc")  # Step 6
         laps.seconds["total"] = laps.since_start()
@@ -174,7 +188,7 @@ class BatchRunner:
         return result
 
     # Step 1 ---------------------------------------------------------------------------
-    def recover(self) -> tuple[Manifest | None, int | None]:
+    def recover(self, held: Lease) -> tuple[Manifest | None, int | None]:
         """The newest checkpoint, published; and its id if this run had to publish it."""
         base = latest_manifest(self.store, self.layout)
         self.check_base(base)
@@ -185,6 +199,7 @@ class BatchRunner:
                 log.info(
                     "pipeline %s: publishing committed batch %s", self.name, base.checkpoint_id
                 )
+                held.check("publishing")
                 self.publish(base)
                 return base, base.checkpoint_id
             case _:  # PUBLISHED
@@ -196,8 +211,9 @@ class BatchRunner:
                 f"pipeline {self.name!r}: checkpoint {base.checkpoint_id} in {self.store.url} "
                 f"was written by a different pipeline definition (fingerprint "
                 f"{base.pipeline_fingerprint}, now {self.pipeline.fingerprint()}: the name "
-                "or the process class changed). Use a new checkpoint location for a new "
-                "pipeline."
+                "or the process class changed). A new pipeline needs a new checkpoint "
+                "location and new sink locations and topics (sinks remember the batch ids "
+                "they published); to keep this one, restore its definition."
             )
         if base is not None and base.max_parallelism != self.pipeline.max_parallelism:
             raise CheckpointError(
@@ -207,8 +223,23 @@ class BatchRunner:
                 "state for the new value, or restore the old value."
             )
 
+    def check_sinks_start_fresh(self) -> None:
+        """Before a pipeline's first batch: no sink already holds published batches.
+        Batch ids start at 0 again with a new checkpoint location, and a sink with history
+        would skip (Kafka: its publish marker) or overwrite (Parquet: its commits) them."""
+        for sink in self.pipeline.all_sinks():
+            last = sink.last_published(self.settings, self.name)
+            if last is not None:
+                raise CheckpointError(
+                    f"pipeline {self.name!r} has no checkpoint in {self.store.url}, but its "
+                    f"sink {sink.name!r} already published batches up to {last} (an earlier "
+                    "checkpoint location, or one that was deleted). Starting over would "
+                    "reuse those batch ids: point the sink to a new location or topic, or "
+                    "restore the pipeline's checkpoints."
+                )
+
     def rewind_for_backfill(
-        self, base: Manifest | None, options: BatchOptions
+        self, base: Manifest | None, options: BatchOptions, held: Lease
     ) -> tuple[Manifest | None, dict[str, Any] | None]:
         """A backfill past the pipeline's position rewinds to the interval's start."""
         assert options.interval_start_ms is not None
@@ -222,7 +253,7 @@ class BatchRunner:
             "undone": [target.undone_from, base.checkpoint_id],
         }
         if not options.dry_run:
-            base = self.rewind(base, target, options.accept_kafka_repeats)
+            base = self.rewind(base, target, options.accept_kafka_repeats, held)
             rewind["checkpoint"] = base.checkpoint_id
         return base, rewind
 
@@ -263,6 +294,7 @@ class BatchRunner:
         replayed: bool,
         options: BatchOptions,
         crash_at: str | None,
+        attempt: str,
     ) -> tuple[BatchRecord, list[Any]]:
         """Run the batch; its record (without the driver's seconds) and state snapshots."""
         base_record = BatchRecord.of(base)
@@ -278,6 +310,7 @@ class BatchRunner:
             processing_time_ms=plan.created_at,
             full=should_write_full(base, plan.batch_id, self.pipeline.full_checkpoint_every),
             crash_at=crash_at,
+            attempt=attempt,
         )
         self.stage_one_reader = None
         execution = self.executor.execute(plan, stage, pending_in, event_time_before.watermark)
@@ -286,7 +319,7 @@ class BatchRunner:
             f"pipeline {self.name!r} batch {plan.batch_id}", execution.results
         )
         pending_out = (
-            save_pending(self.store, self.layout, plan.batch_id, execution.results)
+            save_pending(self.store, self.layout, plan.batch_id, attempt, execution.results)
             if totals.pending
             else None
         )
@@ -329,6 +362,17 @@ class BatchRunner:
         record: BatchRecord,
         snapshots: list[Any],
     ) -> Manifest:
+        """Create the manifest of ``batch_id``, the checkpoint right after ``base``: only
+        once (exclusive create), and never behind a newer checkpoint (a stalled attempt
+        whose checkpoint id retention already removed cannot commit it again)."""
+        newest = list_checkpoints(self.store, self.layout)
+        expected = None if base is None else base.checkpoint_id
+        if (newest[-1] if newest else None) != expected:
+            raise BatchError(
+                f"{where}: this attempt started from checkpoint {expected}, but the newest is "
+                f"now {newest[-1] if newest else None}: another run went ahead, so this "
+                "attempt is stale and commits nothing"
+            )
         manifest = build_manifest(
             batch_id,
             snapshots,
@@ -367,8 +411,8 @@ class BatchRunner:
         what = f"replaying from checkpoint {checkpoint_id}"
         replay.refuse_repeats(self.pipeline, what, accept_kafka_repeats)
         owner = run_id or f"replay-{uuid.uuid4().hex[:12]}"
-        with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s):
-            latest, _ = self.recover()
+        with fence.lease(self.store, self.name, owner, self.pipeline.lease_timeout_s) as held:
+            latest, _ = self.recover(held)
             source = load_manifest(self.store, self.layout, checkpoint_id)
             if latest is None or checkpoint_id >= latest.checkpoint_id:
                 raise ConfigError(
@@ -377,14 +421,14 @@ class BatchRunner:
                 )
             offsets = BatchRecord.of(source).offsets
             target = RewindTarget(source, offsets, checkpoint_id + 1)
-            return self.rewind(latest, target, accept_kafka_repeats)
+            return self.rewind(latest, target, accept_kafka_repeats, held)
 
     def rewind(
-        self, latest: Manifest, target: RewindTarget, accept_kafka_repeats: bool
+        self, latest: Manifest, target: RewindTarget, accept_kafka_repeats: bool, held: Lease
     ) -> Manifest:
         return replay.rewind(
             self.store, self.layout, self.pipeline, self.settings, latest, target,
-            accept_kafka_repeats,
+            accept_kafka_repeats, held,
         )  # fmt: skip
 
     # Kafka connections ----------------------------------------------------------------

@@ -18,6 +18,7 @@ import logging
 from microbatch.checkpoint import Layout, Manifest, commit_manifest
 from microbatch.errors import ConfigError
 from microbatch.kafka import KafkaBrokerView
+from microbatch.runtime.fence import Lease
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.publish import publish
 from microbatch.runtime.records import BatchInfo, BatchRecord, ReplayOrigin
@@ -37,9 +38,11 @@ def rewind(
     latest: Manifest,
     target: RewindTarget,
     accept_kafka_repeats: bool,
+    held: Lease,
 ) -> Manifest:
     """Commit and publish a copy of ``target`` as the newest checkpoint (under the
-    caller's lease); the batches after it read their records again."""
+    caller's lease, checked before the commit and the publish); the batches after it read
+    their records again."""
     what = "rewinding to " + (
         "before the first batch"
         if target.manifest is None
@@ -90,7 +93,9 @@ def rewind(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         metadata=record.to_json(),
     )
+    held.check("the rewind's commit")
     commit_manifest(store, layout, manifest)
+    held.check("publishing the rewind")
     publish(store, layout, pipeline, settings, manifest)
     log.info("%s: committed checkpoint %s", where, manifest.checkpoint_id)
     return manifest

@@ -1,15 +1,18 @@
 """Step 6 of the protocol: retention of checkpoints and of each batch's objects.
 
 Checkpoint retention (manifests, state files) is :func:`collect_garbage`'s. Then every
-per-batch object older than the oldest retained checkpoint goes — run spec, plan, pending
-inputs, published mark — and staged Kafka output once it is published (a rerun's publish
-needs it until then).
+per-batch object older than the oldest retained checkpoint goes — run spec, plan,
+published mark — and staged Kafka output once it is published (a rerun's publish needs it
+until then). Pending enrichment files go by reference, like state files: one no retained
+manifest names is deleted once no attempt can still be writing it (its batch is at most
+the newest); a rewind's copy keeps naming its source's file, which then stays.
 """
 
 from __future__ import annotations
 
 from microbatch.checkpoint import Layout, collect_garbage
 from microbatch.runtime.publish import is_published
+from microbatch.runtime.records import BatchRecord
 from microbatch.storage import ObjectStore
 
 
@@ -18,16 +21,28 @@ def collect_batch_garbage(store: ObjectStore, layout: Layout, retain_checkpoints
     if not kept.retained:
         return
     oldest, newest = kept.retained[0], kept.retained[-1]
+    pending_in_use = set()
+    for manifest in kept.manifests:
+        ref = BatchRecord.of(manifest).enrich_pending
+        if ref is not None:
+            pending_in_use.add(ref.file)
     newest_published = None  # asked once, only if the newest batch's staging is listed
     for prefix in layout.per_batch_prefixes():
-        staging = prefix == layout.staging
         for key in store.list(prefix):
             batch = layout.batch_of(key)
-            if batch is None or batch >= (newest + 1 if staging else oldest):
+            if batch is None:
                 continue
-            if staging and batch == newest:
-                if newest_published is None:
-                    newest_published = is_published(store, layout, newest)
-                if not newest_published:
+            if prefix == layout.pending:
+                if key in pending_in_use or batch > newest:
                     continue
+            elif prefix == layout.staging:
+                if batch > newest:
+                    continue
+                if batch == newest:
+                    if newest_published is None:
+                        newest_published = is_published(store, layout, newest)
+                    if not newest_published:
+                        continue
+            elif batch >= oldest:
+                continue
             store.delete(key)

@@ -359,8 +359,8 @@ class _SourceBytes:
         if self._index is None:
             self._index = {}
             for topics, parts, offs, keys, values in self._columns:
-                coords = zip(topics, parts, offs, strict=True)
-                self._index.update(zip(coords, zip(keys, values, strict=True), strict=True))
+                where = zip(topics, parts, offs, strict=True)
+                self._index.update(zip(where, zip(keys, values, strict=True), strict=True))
         return self._index.get(tuple(coords))
 
 

@@ -120,6 +120,8 @@ class StageTwo:
     processing_time_ms: int
     full: bool
     crash_at: str | None = None
+    #: This attempt's id, part of every name it stages (see ``StageContext.attempt``).
+    attempt: str = ""
 
     def __call__(self, key: tuple[Any, ...], table: pa.Table) -> pa.Table:
         instance = key[0].as_py() if hasattr(key[0], "as_py") else int(key[0])
@@ -296,7 +298,9 @@ class StageTwo:
         crash_if(self.crash_at, "after_state_files", self._where(instance))
 
         # Step 5: stage sink output.
-        ctx = StageContext(pipeline.name, self.batch_id, instance, self.settings, store, Layout())
+        ctx = StageContext(
+            pipeline.name, self.batch_id, instance, self.settings, store, Layout(), self.attempt
+        )
         staged = {}
         for sink in pipeline.all_sinks():
             rows = dead if sink is pipeline.dead_letters else outputs[sink.name]

@@ -3,8 +3,9 @@
 A sink's life in a batch has two halves, split by the checkpoint's commit:
 
 1. **stage** (inside each stage-2 task, before the commit): turn the instance's rows into
-   bytes at keys that depend only on the batch and the instance — a rerun rewrites the
-   same bytes — and say what was written (a :class:`Staged`);
+   bytes at keys made of the batch, the instance and the attempt (``ctx.attempt``) — the
+   same rows give the same bytes, and no attempt overwrites another's files — and say
+   what was written (a :class:`Staged`);
 2. **publish** (on the driver, after the commit): make exactly the staged output the
    committed manifest names visible, idempotently — a rerun after a crash may publish
    again, and a reader must still see each row once.
@@ -56,6 +57,9 @@ class StageContext:
     #: The pipeline's checkpoint store (sinks that stage next to the checkpoint use it).
     checkpoint_store: ObjectStore
     layout: Layout
+    #: Unique per attempt of the batch: part of every staged name, so an attempt never
+    #: overwrites what another (a retry, a zombie) staged or published.
+    attempt: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +114,14 @@ class Sink(abc.ABC):
         """Where stage-2 tasks write this sink's files, if outside the checkpoint store:
         on a real cluster it must be storage every executor reaches (S3)."""
         return None
+
+    @abc.abstractmethod
+    def last_published(self, settings: Settings, pipeline: str) -> int | None:
+        """The newest batch id this sink has published for ``pipeline``, None if none.
+
+        Batch ids restart at 0 with a new checkpoint location, and a sink that remembers
+        published ids would skip or overwrite the new batches: the runtime asks this before
+        a pipeline's first batch and refuses to start over a sink with history."""
 
 
 def rows_to_table(sink_name: str, records: Sequence[Any], schema: pa.Schema | None) -> pa.Table:

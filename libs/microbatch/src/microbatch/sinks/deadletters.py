@@ -117,6 +117,9 @@ class DeadLetterSink(Sink):
     def shared_storage_url(self) -> str | None:
         return self.target.shared_storage_url()
 
+    def last_published(self, settings: Settings, pipeline: str) -> int | None:
+        return self.target.last_published(settings, pipeline)
+
 
 def check_sinks(where: str, sinks: Sequence[Any], dead_letters: Any) -> None:
     """A pipeline's declared outputs: sinks implementing the protocol, a

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from microbatch.errors import SinkError
+from microbatch.settings import Settings
 from microbatch.sinks.base import PublishContext, Sink, StageContext, Staged
 from microbatch.storage import ObjectStore
 from microbatch.validation import check_name
@@ -81,7 +82,7 @@ class KafkaSink(Sink):
         return self.stage_table(ctx, self.encode(rows))
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
-        key = ctx.layout.staging_key(ctx.batch_id, self.name, ctx.instance)
+        key = ctx.layout.staging_key(ctx.batch_id, self.name, ctx.instance, ctx.attempt)
         return stage_messages(ctx.checkpoint_store, key, table)
 
     def publish(self, ctx: PublishContext) -> None:
@@ -93,6 +94,15 @@ class KafkaSink(Sink):
             ctx.batch_id,
             load_messages(ctx.checkpoint_store, ctx.staged),
             ctx.settings.kafka_client_config(),
+        )
+
+    def last_published(self, settings: Settings, pipeline: str) -> int | None:
+        return last_published(
+            settings.kafka_bootstrap_servers,
+            pipeline,
+            self.name,
+            self.topic,
+            settings.kafka_client_config(),
         )
 
 

@@ -2,14 +2,16 @@
 
 Layout under the sink's URL::
 
-    batch=<id:020d>/part-<instance:05d>.parquet   written by instance <instance> of batch <id>
-    _commits/<id:020d>.json                         the batch is visible (see below)
+    batch=<id:020d>/part-<instance:05d>-<attempt>.parquet   instance <instance>'s output
+    _commits/<id:020d>.json                                  the batch is visible (below)
 
 An instance writes its file *before* the pipeline's checkpoint commits (staging); the
-``_commits`` entry is created after (publishing). A reader that follows ``_commits``
-(:func:`read_parquet_sink`) therefore never sees a partial or uncommitted batch. A rerun
-of a batch replays the same plan at the same parallelism, so it rewrites byte-identical
-files at the same paths; creating the commit entry is idempotent.
+``_commits`` entry, created after (publishing), lists the files of the attempt that
+committed. A reader that follows ``_commits`` (:func:`read_parquet_sink`) therefore never
+sees a partial or uncommitted batch. A rerun of a batch replays the same plan at the same
+parallelism, so it writes byte-identical files, under its own attempt's names: an attempt
+that lost the commit (a retry's twin, a stalled zombie) never overwrites a published file,
+its files are simply never listed. Creating the commit entry is idempotent.
 
 Replays and backfills. A rewind to an older checkpoint (``microbatch replay``, an Airflow
 backfill) publishes an entry that lists the batches it *undoes* (``"undoes"``); their
@@ -101,7 +103,7 @@ class ParquetSink(Sink):
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         store = open_store(self.url, ctx.settings)
-        return stage_parquet(store, self.name, ctx.batch_id, ctx.instance, table)
+        return stage_parquet(store, self.name, ctx.batch_id, ctx.instance, table, ctx.attempt)
 
     def publish(self, ctx: PublishContext) -> None:
         store = open_store(self.url, ctx.settings)
@@ -116,9 +118,14 @@ class ParquetSink(Sink):
     def shared_storage_url(self) -> str | None:
         return self.url
 
+    def last_published(self, settings: Settings, pipeline: str) -> int | None:
+        batches = committed_batches(open_store(self.url, settings))
+        return batches[-1] if batches else None
 
-def data_key(batch_id: int, instance: int) -> str:
-    return f"batch={batch_id:020d}/part-{instance:05d}.parquet"
+
+def data_key(batch_id: int, instance: int, attempt: str = "") -> str:
+    suffix = f"-{attempt}" if attempt else ""
+    return f"batch={batch_id:020d}/part-{instance:05d}{suffix}.parquet"
 
 
 def commit_key(batch_id: int) -> str:
@@ -133,12 +140,17 @@ def encode_parquet(table: pa.Table) -> bytes:
 
 
 def stage_parquet(
-    store: ObjectStore, sink_name: str, batch_id: int, instance: int, table: pa.Table
+    store: ObjectStore,
+    sink_name: str,
+    batch_id: int,
+    instance: int,
+    table: pa.Table,
+    attempt: str = "",
 ) -> Staged | None:
     """Write one instance's output of a batch; None when it has no rows (no file)."""
     if table.num_rows == 0:
         return None
-    key = data_key(batch_id, instance)
+    key = data_key(batch_id, instance, attempt)
     try:
         store.put(key, encode_parquet(table))
     except Exception as e:

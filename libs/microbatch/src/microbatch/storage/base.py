@@ -3,7 +3,9 @@
 Checkpoints need only a handful of operations, so the contract is small enough to be
 implemented identically on a local folder and on S3: whole-object put and get, an
 *exclusive* create (the commit point of a checkpoint: exactly one racing writer wins),
-ranged reads (a restore fetches only its own key-groups), prefix listing and delete.
+ranged reads (a restore fetches only its own key-groups), prefix listing and delete — and,
+for the pipeline's lease, a compare-and-swap: read an object with its *tag* (S3's ETag),
+then replace or delete it only if the tag is unchanged (S3 ``If-Match``).
 
 Keys are relative to the store's root, ``/``-separated, never absolute, without empty,
 ``.`` or ``..`` segments — so a key means the same thing on both backends.
@@ -22,6 +24,10 @@ class AlreadyExistsError(StorageError):
 
 class ObjectNotFoundError(StorageError):
     """The key does not exist."""
+
+
+class PreconditionFailedError(StorageError):
+    """A conditional replace or delete found the object changed or gone (S3: HTTP 412)."""
 
 
 @runtime_checkable
@@ -50,6 +56,17 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` is present."""
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        """The whole object and its tag, which changes whenever its content does."""
+
+    def replace(self, key: str, data: bytes, tag: str) -> str:
+        """Write ``data`` only if the object is still at ``tag``; its new tag. Else raise
+        :class:`PreconditionFailedError` (also when the object is gone)."""
+
+    def delete_if(self, key: str, tag: str) -> None:
+        """Remove ``key`` only if it is still at ``tag``; else
+        :class:`PreconditionFailedError` (a missing key is not an error)."""
 
 
 def check_key(key: str) -> str:

@@ -59,3 +59,17 @@ class CountingStore:
     def exists(self, key: str) -> bool:
         self._count("exists")
         return self.inner.exists(key)
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        data, tag = self.inner.get_tagged(key)
+        self._count("get", read=len(data))
+        return data, tag
+
+    def replace(self, key: str, data: bytes, tag: str) -> str:
+        new_tag = self.inner.replace(key, data, tag)
+        self._count("replace", written=len(data))
+        return new_tag
+
+    def delete_if(self, key: str, tag: str) -> None:
+        self._count("delete")
+        self.inner.delete_if(key, tag)

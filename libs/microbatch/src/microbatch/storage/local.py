@@ -4,19 +4,26 @@ Atomicity comes from the filesystem: ``put`` writes a temporary file next to the
 and renames it over (readers never see half an object); ``create`` writes a temporary
 file and hard-links it to the target, which fails if the target exists, so of many racing
 writers exactly one wins and the winner's content is complete when it becomes visible.
-Temporary files carry a reserved name prefix and are never listed.
+The conditional ``replace``/``delete_if`` compare the content's MD5 (the tag, like S3's
+ETag) under an exclusive ``flock`` per key, so they are atomic across processes.
+Temporary and lock files carry a reserved name prefix and are never listed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from microbatch.errors import StorageError
 from microbatch.storage.base import (
     AlreadyExistsError,
     ObjectNotFoundError,
+    PreconditionFailedError,
     check_key,
     check_range,
 )
@@ -122,3 +129,50 @@ class LocalFileStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        data = self.get(key)
+        return data, _tag(data)
+
+    def replace(self, key: str, data: bytes, tag: str) -> str:
+        path = self._path(key)
+        with self._locked(key):
+            try:
+                self._check_tag(key, tag)
+            except ObjectNotFoundError:
+                raise PreconditionFailedError(f"{self.url}/{key} is gone") from None
+            try:
+                os.replace(self._write_temp(path, data), path)
+            except OSError as e:
+                raise StorageError(f"replace {self.url}/{key} failed: {e}") from e
+        return _tag(data)
+
+    def delete_if(self, key: str, tag: str) -> None:
+        with self._locked(key):
+            try:
+                self._check_tag(key, tag)
+            except ObjectNotFoundError:
+                return
+            self.delete(key)
+
+    def _check_tag(self, key: str, tag: str) -> None:
+        current = _tag(self.get(key))
+        if current != tag:
+            raise PreconditionFailedError(
+                f"{self.url}/{key} changed: its tag is {current}, expected {tag}"
+            )
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """An exclusive lock for ``key`` among every process using this folder."""
+        name = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
+        with open(self.root / f"{_TMP_PREFIX}lock-{name}", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _tag(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()

@@ -24,6 +24,7 @@ from microbatch.settings import Settings
 from microbatch.storage.base import (
     AlreadyExistsError,
     ObjectNotFoundError,
+    PreconditionFailedError,
     check_key,
     check_range,
 )
@@ -43,6 +44,7 @@ _THROTTLE_CODES = frozenset(
     }
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_IF_MATCH = frozenset({"replace", "delete_if"})  # conditional on the object's ETag
 
 
 def _status(err: Exception) -> int:
@@ -136,12 +138,18 @@ class S3Store:
                     )
                     self._sleep(delay)
                     continue
-                if isinstance(e, ClientError) and (
-                    _status(e) == 404 or _code(e) in _NOT_FOUND_CODES
+                if (
+                    isinstance(e, ClientError)
+                    and op not in _IF_MATCH
+                    and (_status(e) == 404 or _code(e) in _NOT_FOUND_CODES)
                 ):
                     raise ObjectNotFoundError(f"{self._where(key)} does not exist") from None
                 if isinstance(e, ClientError) and _status(e) == 412 and op == "create":
                     raise AlreadyExistsError(f"{self._where(key)} already exists") from None
+                if isinstance(e, ClientError) and _status(e) in (404, 412) and op in _IF_MATCH:
+                    raise PreconditionFailedError(
+                        f"{self._where(key)} changed or is gone (If-Match failed)"
+                    ) from None
                 raise StorageError(
                     f"S3 {op} of key {self.prefix}{key!s} in bucket {self.bucket!r} failed "
                     f"after {attempt} attempt(s): {e}"
@@ -227,3 +235,47 @@ class S3Store:
         except ObjectNotFoundError:
             return False
         return True
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        full = self._full(key)
+
+        def fetch() -> tuple[bytes, str]:
+            resp = self.client.get_object(Bucket=self.bucket, Key=full)
+            return resp["Body"].read(), resp["ETag"]
+
+        return self._call("get", key, fetch)
+
+    def replace(self, key: str, data: bytes, tag: str) -> str:
+        full = self._full(key)
+        tries = 0
+
+        def attempt() -> str:
+            nonlocal tries
+            tries += 1
+            resp = self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfMatch=tag)
+            return resp["ETag"]
+
+        try:
+            return self._call("replace", key, attempt)
+        except PreconditionFailedError:
+            # A retried write whose first answer was lost: is the stored object ours?
+            if tries > 1:
+                try:
+                    stored, stored_tag = self.get_tagged(key)
+                except ObjectNotFoundError:
+                    raise PreconditionFailedError(f"{self._where(key)} is gone") from None
+                if stored == data:
+                    return stored_tag
+            raise
+
+    def delete_if(self, key: str, tag: str) -> None:
+        full = self._full(key)
+        try:
+            self._call(
+                "delete_if",
+                key,
+                lambda: self.client.delete_object(Bucket=self.bucket, Key=full, IfMatch=tag),
+            )
+        except PreconditionFailedError:
+            if self.exists(key):  # changed; gone (a retried delete that did happen) is fine
+                raise
