@@ -19,7 +19,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv tools jars setup browser test test-unit lint format demo airflow \
+.PHONY: all venv tools jars setup browser test test-unit soak lint format demo airflow \
         stack-up stack-down stack-status bench lock clean cluster connect
 
 all: venv
@@ -87,6 +87,13 @@ test: setup browser
 
 test-unit: venv
 	@$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+# The kill soak (not in `make test`): ROUNDS runs SIGKILLed at random moments, then the
+# outputs against a plain-Python count. SEED picks the kills.
+ROUNDS ?= 12
+soak: setup
+	@MICROBATCH_SOAK_ROUNDS=$(ROUNDS) MICROBATCH_SOAK_SEED=$${SEED:-7} \
+	  $(BIN)/pytest tests/integration/runtime/test_soak.py -q -s $(PYTEST_ARGS)
 
 demo: setup
 	@$(BIN)/python -m microbatch.demo --job jobs/clickstream.py

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest, load_manifest
-from microbatch.errors import BatchError, CheckpointError
+from microbatch.errors import BatchError, CheckpointError, SourceError
 from microbatch.kafka import BatchPlan, BrokerView, TopicPartition
 from microbatch.runtime import (
     BatchOptions,
@@ -53,6 +53,7 @@ class Log:
         self.values: dict[TopicPartition, list[bytes]] = {
             TopicPartition("clicks", p): [] for p in range(partitions)
         }
+        self.start: dict[TopicPartition, int] = dict.fromkeys(self.values, 0)  # retention
 
     def produce(self, partition: int, *users: str) -> None:
         log = self.values[TopicPartition("clicks", partition)]
@@ -62,7 +63,7 @@ class Log:
         return {tp.partition for tp in self.values if tp.topic == topic} or None
 
     def beginning_offsets(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: 0 for tp in tps}
+        return {tp: self.start[tp] for tp in tps}
 
     def end_offsets(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: len(self.values[tp]) for tp in tps}
@@ -269,3 +270,34 @@ def test_a_new_checkpoint_location_refuses_sinks_that_already_published(
     with pytest.raises(CheckpointError, match=r"sink 'totals' already published batches up to 0"):
         runner(moved, log).run()
     assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]  # untouched
+
+
+def test_a_stored_plan_whose_records_retention_deleted_is_replanned_not_wedged(
+    pipeline, log
+) -> None:
+    """A crash after planning, then Kafka's retention deletes the start of a planned
+    range: replaying the plan would fail forever. The run says so, naming the offsets;
+    with --replan the batch is planned again and the loss is recorded."""
+    with pytest.raises(InjectedCrash):
+        runner(pipeline, log).run(BatchOptions(crash_at="after_plan", run_id="r1"))
+    log.start[TopicPartition("clicks", 0)] = 2  # offsets 0-1 of partition 0 are gone
+
+    with pytest.raises(SourceError, match=r"clicks\[0\] \[0, 2\).* --replan"):
+        runner(pipeline, log).run(BatchOptions(run_id="r1"))
+    result = runner(pipeline, log).run(BatchOptions(run_id="r1", replan=True))
+
+    assert (result.batch_id, result.records_in, result.replayed) == (0, 3, False)
+    record = BatchRecord.of(latest_manifest(open_store(pipeline.checkpoints), Layout()))
+    assert record.stats is not None and record.stats.skipped == {"clicks": {"0": 2}}
+    assert totals(pipeline) == [("ann", 2), ("cid", 1)]  # partition 0's "ann" at 2, p1 both
+
+
+def test_a_batch_of_a_past_data_interval_runs_on_the_interval_clock(pipeline, log) -> None:
+    """TTL expiry and idle partitions are decided at the interval's end, so a backfill of
+    the interval decides them exactly as its scheduled run did, whenever it runs."""
+    interval_end = 1_700_000_000_000  # long past
+
+    runner(pipeline, log).run(BatchOptions(until_timestamp_ms=interval_end))
+
+    record = BatchRecord.of(latest_manifest(open_store(pipeline.checkpoints), Layout()))
+    assert record.batch is not None and record.batch.processing_time_ms == interval_end

@@ -85,7 +85,14 @@ def test_each_row_becomes_one_record_or_one_dead_letter_with_its_reason() -> Non
         ("t", 1, 2),
     ]
     assert {partition_stats(s["payload"]) for s in stats} == {
-        PartitionStats(inputs=8, records=1, dead_letters=7, pending=0, max_event=5000)
+        PartitionStats(
+            inputs=8,
+            records=1,
+            dead_letters=7,
+            pending=0,
+            max_event=5000,
+            offset_sums=(100, sum(range(101, 108)), 0),  # which offsets became what
+        )
     }
     assert [r["offset"] for r in rows] == list(range(100, 108))
     details = [DeadLetterDetail.from_payload(r["payload"]) for r in rows[1:]]
@@ -199,8 +206,8 @@ def test_stage_one_totals_add_up_partitions_split_over_tasks() -> None:
     up per partition, event times take the max, a partition without records has none."""
     totals = stage_one_totals(
         [
-            ("t", 0, PartitionStats(10, 8, 1, 1, 5_000)),
-            ("t", 0, PartitionStats(5, 5, 0, 0, 7_000)),
+            ("t", 0, PartitionStats(10, 8, 1, 1, 5_000, (36, 9, 11))),
+            ("t", 0, PartitionStats(5, 5, 0, 0, 7_000, (60, 0, 0))),
             ("t", 1, PartitionStats(3, 0, 3, 0, None)),
             ("t", 0, PartitionStats(0, 2, 0, 0, 6_000)),  # re-issued pending elements
         ]
@@ -215,6 +222,7 @@ def test_stage_one_totals_add_up_partitions_split_over_tasks() -> None:
             "t/0": {"inputs": 15, "records": 15, "dead_letters": 1},
             "t/1": {"inputs": 3, "records": 0, "dead_letters": 3},
         },
+        "offset_sums": {"t/0": [96, 9, 11], "t/1": [0, 0, 0]},
     }
     assert stage_one_totals([]).max_event == {}
 

@@ -101,3 +101,20 @@ def test_instances_that_saw_different_stage_one_output_commit_nothing() -> None:
     other = result(5)
     with pytest.raises(BatchError, match=r"pipeline 'p' batch 3: .* nothing was committed"):
         agreed_stage_one("pipeline 'p' batch 3", [same, other])
+
+
+def test_instances_that_saw_the_same_counts_of_different_elements_commit_nothing() -> None:
+    """A re-run stage-1 task whose enrichment finished other elements by its deadline:
+    offset 7 done and 9 pending in one run, the other way round in the re-run. The counts
+    agree; the offsets do not, and the batch commits nothing rather than emit 7 twice or
+    lose 9."""
+    from microbatch.runtime.envelope import PartitionStats, stage_one_totals
+
+    def result(done: int, pending: int) -> SimpleNamespace:
+        stats = PartitionStats(2, 1, 0, 1, None, offset_sums=(done, 0, pending))
+        return SimpleNamespace(
+            stage_one=stage_one_totals([("t", 0, stats)]), event_time=WatermarkState()
+        )
+
+    with pytest.raises(BatchError, match="saw different stage-1 results"):
+        agreed_stage_one("pipeline 'p' batch 3", [result(7, 9), result(9, 7)])

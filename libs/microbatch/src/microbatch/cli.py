@@ -89,6 +89,7 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         dry_run=args.dry_run,
         run_id=args.run_id,
         crash_at=args.crash_at,
+        replan=args.replan,
     )
     session: list[Any] = []
 
@@ -299,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batches", type=int, default=1, help="how many batches to run")
     run.add_argument("--dry-run", action="store_true", help="plan only: show ranges and lag")
     run.add_argument("--run-id", help="owner of the lease (a retry of the same run reuses it)")
+    run.add_argument(
+        "--replan",
+        action="store_true",
+        help="if Kafka deleted records the batch's stored plan was to read, plan it again "
+        "without them (recorded as skipped) instead of failing",
+    )
     run.add_argument("--crash-at", help=argparse.SUPPRESS)
     add("status", "last checkpoint, lag per partition, watermark")
     add("checkpoints", "list committed checkpoints")

@@ -584,10 +584,17 @@ class PlanStore:
                 on_out_of_range=on_out_of_range,
             )
             existing = self.save(plan)
-        self._check_continues(existing, committed)
+        self.check_continues(existing, committed)
         return existing
 
-    def _check_continues(
+    def replace(self, plan: BatchPlan) -> None:
+        """Overwrite the stored plan of ``plan.batch_id``: only for a batch that cannot have
+        committed (the caller holds the pipeline's lease and the checkpoint before it is
+        the newest), when the stored plan's records are gone."""
+        body = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":")).encode()
+        self.store.put(self.key(plan.batch_id), body)
+
+    def check_continues(
         self, plan: BatchPlan, committed: Mapping[TopicPartition, int] | None
     ) -> None:
         for tp, offset in (committed or {}).items():

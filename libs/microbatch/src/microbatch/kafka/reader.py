@@ -173,8 +173,9 @@ def read_range(
             except OffsetOutOfRangeError as exc:
                 raise SourceError(
                     f"reading {where}: offset {position} is no longer available (retention "
-                    "deleted it after the batch was planned). Rerun the batch; planning "
-                    'then fails or skips ahead according to on_out_of_range="earliest".'
+                    "deleted it after the batch was planned). Rerun with `microbatch run "
+                    "--replan` (or on_out_of_range='earliest') to plan the batch again "
+                    "without the deleted records, which its stats then count as skipped."
                 ) from exc
             records = polled.get(tp, ())
             if records and records[-1].offset >= r.end:

@@ -246,8 +246,9 @@ def check_available(
             raise SourceError(
                 f"{where}: offset {r.start} is no longer available (retention deleted it after "
                 f"the batch was planned; the earliest kept offset is {earliest[r.tp]}). Rerun "
-                "the batch; planning then fails or skips ahead according to on_out_of_range="
-                '"earliest".'
+                "with `microbatch run --replan` (or on_out_of_range='earliest') to plan the "
+                "batch again without the deleted records, which its stats then count as "
+                "skipped."
             )
         if latest.get(r.tp, r.end) < r.end:
             raise SourceError(

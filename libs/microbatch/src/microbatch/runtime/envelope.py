@@ -85,6 +85,10 @@ class PartitionStats(NamedTuple):
     dead_letters: int
     pending: int
     max_event: int | None  # largest event time among its records
+    #: Sums of the source offsets of its records, dead letters and pending rows: which
+    #: inputs became what, not only how many (a re-run task whose enrichment finished other
+    #: elements by its deadline has the same counts, not the same sums).
+    offset_sums: tuple[int, int, int] = (0, 0, 0)
 
 
 def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> StageOneTotals:
@@ -96,12 +100,16 @@ def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> StageO
     inputs = records = dead = pending = 0
     max_event: dict[str, int] = {}
     per: dict[str, list[int]] = {}
+    sums: dict[str, list[int]] = {}
     for topic, part, s in stats:
         name = partition_name(topic, part)
         counts = per.setdefault(name, [0, 0, 0])
         counts[0] += s.inputs
         counts[1] += s.records
         counts[2] += s.dead_letters
+        offsets = sums.setdefault(name, [0, 0, 0])
+        for i, n in enumerate(s.offset_sums):
+            offsets[i] += n
         inputs += s.inputs
         records += s.records
         dead += s.dead_letters
@@ -116,6 +124,7 @@ def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> StageO
         pending=pending,
         max_event=dict(sorted(max_event.items())),
         per_partition={name: PartitionCounts(*c) for name, c in sorted(per.items())},
+        offset_sums={name: (s[0], s[1], s[2]) for name, s in sorted(sums.items())},
     )
 
 
@@ -243,11 +252,13 @@ def _stat_rows(
     grouped = (
         pa.Table.from_batches([rows])
         .group_by(["topic", "partition", "kind"])
-        .aggregate([("offset", "count"), ("event_ts", "max")])
+        .aggregate([("offset", "count"), ("offset", "sum"), ("event_ts", "max")])
     )
+    sums: dict[tuple[str, int], dict[str, int]] = {}
     for g in grouped.to_pylist():
         tp = (g["topic"], g["partition"])
         counts.setdefault(tp, {})[g["kind"]] = g["offset_count"]
+        sums.setdefault(tp, {})[g["kind"]] = g["offset_sum"] or 0
         if g["kind"] == RECORD:
             top[tp] = g["event_ts_max"]
     stat = EnvelopeBuilder()
@@ -260,6 +271,10 @@ def _stat_rows(
                     n.get(DEAD_LETTER, 0),
                     n.get(PENDING, 0),
                     top.get((topic, part)),
+                    tuple(
+                        sums.get((topic, part), {}).get(k, 0)
+                        for k in (RECORD, DEAD_LETTER, PENDING)
+                    ),
                 )
             )
         )

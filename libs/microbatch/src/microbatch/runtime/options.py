@@ -7,11 +7,12 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from microbatch.checkpoint import Layout
 from microbatch.errors import MicrobatchError
-from microbatch.runtime.records import BatchRecord, BatchStats, RunSpec
+from microbatch.runtime.records import BatchRecord, BatchStats
 from microbatch.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ class BatchOptions:
     dry_run: bool = False
     run_id: str | None = None
     crash_at: str | None = None
+    #: Plan the batch again if Kafka deleted records its stored plan was to read (see
+    #: :mod:`.planning`); the lost offsets are recorded as skipped.
+    replan: bool = False
 
 
 @dataclasses.dataclass
@@ -78,6 +82,23 @@ class BatchResult:
         }
         self.watermark = record.watermark
         self.state_bytes_written = sum(s.bytes_written for s in snapshots)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """How the first attempt of a batch runs it (the layout's ``batches/<id>``): a rerun
+    replays the plan at the same parallelism, so it writes the same files."""
+
+    batch_id: int
+    parallelism: int
+    run_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> RunSpec:
+        return cls(body["batch_id"], body["parallelism"], body.get("run_id"))
 
 
 class Laps:

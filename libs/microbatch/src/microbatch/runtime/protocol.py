@@ -42,12 +42,10 @@ from microbatch.checkpoint import (
 )
 from microbatch.errors import BatchError, CheckpointError, ConfigError
 from microbatch.kafka import (
-    BatchLimits,
     BatchPlan,
     BrokerView,
     KafkaBrokerView,
     PlanStore,
-    StartingPosition,
     partition_lag,
     snapshot_to_json,
 )
@@ -55,7 +53,8 @@ from microbatch.runtime import fence, replay
 from microbatch.runtime.execute import Executor, SparkExecutor, check_storage_for_master
 from microbatch.runtime.faults import check_crash_point, crash_if, pause_if
 from microbatch.runtime.fence import Lease
-from microbatch.runtime.options import BatchOptions, BatchResult, Laps, record_run_spec
+from microbatch.runtime.lineage import check_lineage, check_sinks_start_fresh
+from microbatch.runtime.options import BatchOptions, BatchResult, Laps, RunSpec, record_run_spec
 from microbatch.runtime.outcome import (
     agreed_stage_one,
     batch_stats,
@@ -66,11 +65,11 @@ from microbatch.runtime.outcome import (
 from microbatch.runtime.pending import load_pending, save_pending
 from microbatch.runtime.phases import Phase, phase_of
 from microbatch.runtime.pipeline import Pipeline, check_parallelism_for
+from microbatch.runtime.planning import next_plan
 from microbatch.runtime.publish import publish
 from microbatch.runtime.records import (
     BatchInfo,
     BatchRecord,
-    RunSpec,
 )
 from microbatch.runtime.retention import collect_batch_garbage
 from microbatch.runtime.rewind import RewindTarget, find_rewind_target
@@ -132,7 +131,7 @@ class BatchRunner:
         attempt = uuid.uuid4().hex[:12]  # in every name this attempt stages
         base, recovered = self.recover(held)  # Step 1
         if base is None:
-            self.check_sinks_start_fresh()
+            check_sinks_start_fresh(self.pipeline, self.settings, self.store.url)
         laps.lap("recover")
         rewind = None
         if options.backfill and options.interval_start_ms is not None:
@@ -191,7 +190,7 @@ class BatchRunner:
     def recover(self, held: Lease) -> tuple[Manifest | None, int | None]:
         """The newest checkpoint, published; and its id if this run had to publish it."""
         base = latest_manifest(self.store, self.layout)
-        self.check_base(base)
+        check_lineage(self.pipeline, self.store.url, base)
         if base is None:
             return None, None
         match phase_of(self.store, self.layout, base.checkpoint_id):
@@ -204,39 +203,6 @@ class BatchRunner:
                 return base, base.checkpoint_id
             case _:  # PUBLISHED
                 return base, None
-
-    def check_base(self, base: Manifest | None) -> None:
-        if base is not None and base.pipeline_fingerprint != self.pipeline.fingerprint():
-            raise CheckpointError(
-                f"pipeline {self.name!r}: checkpoint {base.checkpoint_id} in {self.store.url} "
-                f"was written by a different pipeline definition (fingerprint "
-                f"{base.pipeline_fingerprint}, now {self.pipeline.fingerprint()}: the name "
-                "or the process class changed). A new pipeline needs a new checkpoint "
-                "location and new sink locations and topics (sinks remember the batch ids "
-                "they published); to keep this one, restore its definition."
-            )
-        if base is not None and base.max_parallelism != self.pipeline.max_parallelism:
-            raise CheckpointError(
-                f"pipeline {self.name!r}: checkpoint {base.checkpoint_id} has max_parallelism "
-                f"{base.max_parallelism} but the pipeline now says "
-                f"{self.pipeline.max_parallelism}. Run `microbatch reshard` to rewrite the "
-                "state for the new value, or restore the old value."
-            )
-
-    def check_sinks_start_fresh(self) -> None:
-        """Before a pipeline's first batch: no sink already holds published batches.
-        Batch ids start at 0 again with a new checkpoint location, and a sink with history
-        would skip (Kafka: its publish marker) or overwrite (Parquet: its commits) them."""
-        for sink in self.pipeline.all_sinks():
-            last = sink.last_published(self.settings, self.name)
-            if last is not None:
-                raise CheckpointError(
-                    f"pipeline {self.name!r} has no checkpoint in {self.store.url}, but its "
-                    f"sink {sink.name!r} already published batches up to {last} (an earlier "
-                    "checkpoint location, or one that was deleted). Starting over would "
-                    "reuse those batch ids: point the sink to a new location or topic, or "
-                    "restore the pipeline's checkpoints."
-                )
 
     def rewind_for_backfill(
         self, base: Manifest | None, options: BatchOptions, held: Lease
@@ -261,29 +227,18 @@ class BatchRunner:
     def plan(self, base: Manifest | None, options: BatchOptions) -> tuple[BatchPlan, RunSpec, bool]:
         """(plan, run spec, replayed): the stored plan of the next batch or a new one."""
         batch_id = 0 if base is None else base.checkpoint_id + 1
-        existing = self.plans.load(batch_id)
-        replayed = existing is not None  # PLANNED or EXECUTED: replay it
-        if existing is None:
-            src = self.pipeline.source
-            limit = options.max_records_per_batch or src.max_records_per_batch
-            existing = self.plans.plan_or_replay(
-                self.broker(),
-                pipeline=self.name,
-                topics=src.topics,
-                committed=BatchRecord.of(base).offsets if base is not None else None,
-                committed_batch_id=None if base is None else base.checkpoint_id,
-                starting=_starting(self.pipeline),
-                limits=BatchLimits(src.max_records_per_partition, limit),
-                until_timestamp_ms=options.until_timestamp_ms,
-                on_out_of_range=src.on_out_of_range,
-            )
+        committed = None if base is None else BatchRecord.of(base).offsets
+        # PLANNED or EXECUTED: replay the stored plan (re-plan if Kafka lost its records).
+        plan, replayed = next_plan(
+            self.plans, self.broker(), self.pipeline, committed, batch_id, options
+        )
         parallelism = check_parallelism_for(
             self.pipeline, options.parallelism or self.pipeline.parallelism
         )
         spec = record_run_spec(
             self.store, self.layout, self.name, RunSpec(batch_id, parallelism, options.run_id)
         )
-        return existing, spec, replayed
+        return plan, spec, replayed
 
     # Step 3 ---------------------------------------------------------------------------
     def execute(
@@ -462,12 +417,3 @@ def run_batch(
 ) -> BatchResult:
     """Run the next batch of ``pipeline`` (see the module docstring)."""
     return BatchRunner(spark, pipeline, settings).run(options)
-
-
-def _starting(pipeline: Pipeline) -> StartingPosition:
-    s = pipeline.source.starting
-    if s == "earliest":
-        return StartingPosition.earliest()
-    if s == "latest":
-        return StartingPosition.latest()
-    return StartingPosition.timestamp(int(s))

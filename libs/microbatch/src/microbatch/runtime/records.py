@@ -52,6 +52,9 @@ class StageOneTotals:
     pending: int = 0
     max_event: Mapping[str, int] = dataclasses.field(default_factory=dict)
     per_partition: Mapping[str, PartitionCounts] = dataclasses.field(default_factory=dict)
+    #: Per partition, the sums of the source offsets of its records, dead letters and
+    #: pending rows: what lets instances tell that they saw the same stage-1 output.
+    offset_sums: Mapping[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +64,7 @@ class StageOneTotals:
             "pending": self.pending,
             "max_event": dict(self.max_event),
             "per_partition": {k: v.to_json() for k, v in self.per_partition.items()},
+            "offset_sums": {k: list(v) for k, v in self.offset_sums.items()},
         }
 
     @classmethod
@@ -74,6 +78,7 @@ class StageOneTotals:
             per_partition={
                 k: PartitionCounts.from_json(v) for k, v in body["per_partition"].items()
             },
+            offset_sums={k: tuple(v) for k, v in body.get("offset_sums", {}).items()},
         )
 
 
@@ -146,26 +151,6 @@ class InstanceResult:
             restored=dict(body["restored"]),
             seconds=dict(body["seconds"]),
         )
-
-
-# ---------------------------------------------------------------------- the run spec
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """How the first attempt of a batch runs it (the layout's ``batches/<id>``): a rerun
-    replays the plan at the same parallelism, so it writes the same files."""
-
-    batch_id: int
-    parallelism: int
-    run_id: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> RunSpec:
-        return cls(body["batch_id"], body["parallelism"], body.get("run_id"))
 
 
 # ---------------------------------------------------------------------- the manifest
