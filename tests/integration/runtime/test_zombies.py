@@ -226,3 +226,47 @@ def test_a_reshard_after_a_crash_between_commit_and_publish_keeps_that_batchs_ou
 
     assert json.loads(capsys.readouterr().out)["to_checkpoint"] == 1
     assert counted(setup.root) == totals(setup.values)
+
+
+def test_an_s3_outage_mid_batch_fails_it_cleanly_and_the_rerun_commits_once(
+    spark, kafka_settings, bootstrap, admin, tmp_path: Path
+) -> None:
+    """Checkpoints and sinks on an S3 server of its own that goes away while a batch is
+    about to commit: the batch fails (its own error printed, the lease release's failure
+    only logged), and once S3 is back its rerun commits the same records exactly once."""
+    from microbatch.localstack.process import free_port_block
+    from microbatch.localstack.seaweedfs import ALL_OFFSETS, SeaweedFS
+
+    port = free_port_block(ALL_OFFSETS)
+    s3 = dataclasses.replace(kafka_settings, s3_endpoint_url=f"http://127.0.0.1:{port}")
+    server = SeaweedFS(s3, tmp_path / "seaweedfs")
+    server.start()
+    try:
+        topic = new_topic(admin, 2)
+        values = clicks(30)
+        produce(bootstrap, topic, values)
+        root = f"s3://{s3.s3_bucket}/outage"
+        job = tmp_path / "job.py"
+        job.write_text(JOB.format(topic=topic, root=root, lease=LEASE_S, retain=10))
+        pipeline = dataclasses.replace(count_pipeline(topic, root), lease_timeout_s=LEASE_S)
+        batch = start_batch(s3, job, "run-1", "before_commit")
+        wait_stopped(batch)
+
+        server.stop()
+        os.kill(batch.pid, signal.SIGCONT)
+        out, _ = batch.communicate(timeout=300)
+
+        assert batch.returncode != 0
+        assert "could not release the lease" in out  # logged, not raised over the error
+        errors = [line for line in out.splitlines() if line.startswith("microbatch run: ")]
+        assert errors and "S3" in errors[-1], out[-2000:]
+        server.start()
+        rerun = BatchRunner(spark, pipeline, s3).run(BatchOptions(run_id="run-1"))
+
+        assert rerun.replayed and rerun.records_in == len(values)
+        per_user: collections.Counter[str] = collections.Counter()
+        for row in read_parquet_sink(f"{root}/counts", s3).to_pylist():
+            per_user[row["user"]] += row["clicks"]
+        assert dict(per_user) == totals(values)
+    finally:
+        server.stop()
