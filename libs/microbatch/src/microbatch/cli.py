@@ -209,8 +209,7 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout, latest_manifest, reshard
     from microbatch.runtime import fence
-    from microbatch.runtime.phases import Phase, phase_of
-    from microbatch.runtime.publish import publish
+    from microbatch.runtime.publish import recover
     from microbatch.runtime.records import BatchRecord, ReshardOrigin
 
     pipeline = load_pipeline(args.pipeline)
@@ -220,11 +219,9 @@ def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         m = latest_manifest(store, Layout())
         if m is None:
             raise ConfigError(f"pipeline {pipeline.name!r} has no checkpoint to reshard")
-        if phase_of(store, Layout(), m.checkpoint_id) is Phase.COMMITTED:
-            # A crash between its commit and its publish: publish it first, or the copy
-            # (which has no output of its own) would leave its output unpublished.
-            held.check("publishing")
-            publish(store, Layout(), pipeline, settings, m)
+        # A crash between its commit and its publish: publish it first, or the copy (which
+        # has no output of its own) would leave its output unpublished.
+        recover(store, Layout(), pipeline, settings, m, held)
         target = args.max_parallelism or pipeline.max_parallelism
         if target == m.max_parallelism:
             raise ConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from microbatch.errors import BatchError
@@ -20,6 +20,7 @@ from microbatch.runtime.records import (
     StageOneTotals,
 )
 from microbatch.runtime.watermark import WatermarkState
+from microbatch.sinks.base import Staged
 
 
 def agreed_stage_one(
@@ -44,21 +45,19 @@ def staged_by_sink(pipeline: Pipeline, results: Sequence[InstanceResult]) -> dic
 
 
 def batch_stats(
-    pipeline: Pipeline,
     plan: BatchPlan,
     execution: Execution,
     totals: StageOneTotals,
     pending_in: Any,
+    sinks: Mapping[str, Sequence[Staged | None]],
 ) -> BatchStats:
+    """What the batch counted; ``sinks``: what each sink staged (:func:`staged_by_sink`)."""
     reasons: Counter[str] = Counter()
     for r in execution.results:
         for k, v in r.counters.items():
             if k.startswith("dead_letters."):
                 reasons[k.split(".", 1)[1]] += v
-    outputs = {
-        name: sum(s.rows for s in staged if s)
-        for name, staged in staged_by_sink(pipeline, execution.results).items()
-    }
+    outputs = {name: sum(s.rows for s in staged if s) for name, staged in sinks.items()}
     return BatchStats(
         records_in=totals.inputs,
         dead_letters=sum(r.counters.get("dead_letters", 0) for r in execution.results),

@@ -63,10 +63,9 @@ from microbatch.runtime.outcome import (
     with_seconds,
 )
 from microbatch.runtime.pending import load_pending, save_pending
-from microbatch.runtime.phases import Phase, phase_of
 from microbatch.runtime.pipeline import Pipeline, check_parallelism_for
 from microbatch.runtime.planning import next_plan
-from microbatch.runtime.publish import publish
+from microbatch.runtime.publish import publish, recover
 from microbatch.runtime.records import (
     BatchInfo,
     BatchRecord,
@@ -193,16 +192,10 @@ class BatchRunner:
         check_lineage(self.pipeline, self.store.url, base)
         if base is None:
             return None, None
-        match phase_of(self.store, self.layout, base.checkpoint_id):
-            case Phase.COMMITTED:
-                log.info(
-                    "pipeline %s: publishing committed batch %s", self.name, base.checkpoint_id
-                )
-                held.check("publishing")
-                self.publish(base)
-                return base, base.checkpoint_id
-            case _:  # PUBLISHED
-                return base, None
+        published = recover(
+            self.store, self.layout, self.pipeline, self.settings, base, held, self._kafka
+        )
+        return base, base.checkpoint_id if published else None
 
     def rewind_for_backfill(
         self, base: Manifest | None, options: BatchOptions, held: Lease
@@ -285,6 +278,7 @@ class BatchRunner:
             ),
             {partition_name(*tp): n for tp, n in offsets.items()},
         )
+        sinks = staged_by_sink(self.pipeline, execution.results)
         record = BatchRecord(
             offsets=offsets,
             batch=BatchInfo(
@@ -301,10 +295,10 @@ class BatchRunner:
             event_time=event_time,
             watermark=event_time.watermark,
             enrich_pending=pending_out,
-            sinks=staged_by_sink(self.pipeline, execution.results),
+            sinks=sinks,
             supersedes=tuple(supersedes),
             awaiting_replacement=awaiting,
-            stats=batch_stats(self.pipeline, plan, execution, totals, pending_in),
+            stats=batch_stats(plan, execution, totals, pending_in, sinks),
         )
         return record, [r.snapshot for r in execution.results]
 

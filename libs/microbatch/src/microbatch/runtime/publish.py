@@ -14,6 +14,8 @@ from microbatch.checkpoint import Layout, Manifest
 from microbatch.errors import MicrobatchError
 from microbatch.kafka import consumer_group_name, mirror_offsets
 from microbatch.runtime.faults import crash_if
+from microbatch.runtime.fence import Lease
+from microbatch.runtime.phases import Phase, phase_of
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.records import BatchRecord
 from microbatch.runtime.watermark import partition_name
@@ -26,6 +28,29 @@ log = logging.getLogger(__name__)
 
 def is_published(store: ObjectStore, layout: Layout, batch_id: int) -> bool:
     return store.exists(layout.published_key(batch_id))
+
+
+def recover(
+    store: ObjectStore,
+    layout: Layout,
+    pipeline: Pipeline,
+    settings: Settings,
+    newest: Manifest,
+    held: Lease,
+    mirror: bool = True,
+) -> bool:
+    """Step 1: publish the newest checkpoint if a crash came between its commit and its
+    publish (before anything builds on it: a batch, a rewind, a reshard); True if it did."""
+    match phase_of(store, layout, newest.checkpoint_id):
+        case Phase.COMMITTED:
+            log.info(
+                "pipeline %s: publishing committed batch %s", pipeline.name, newest.checkpoint_id
+            )
+            held.check("publishing")
+            publish(store, layout, pipeline, settings, newest, mirror=mirror)
+            return True
+        case _:  # PUBLISHED
+            return False
 
 
 def publish(
