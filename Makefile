@@ -15,6 +15,13 @@ export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS := microbatch.localstack.airflow.SQLITE_BUSY_TIMEOUT
+# The embedded stack's S3 keys (SeaweedFS starts with them), so an AWS_PROFILE or
+# AWS_ACCESS_KEY_ID in your shell does not stand in for them; unset when you point
+# MICROBATCH_S3_ENDPOINT_URL at your own S3 (then your keys or the AWS chain apply).
+ifndef MICROBATCH_S3_ENDPOINT_URL
+export MICROBATCH_S3_ACCESS_KEY_ID ?= microbatch
+export MICROBATCH_S3_SECRET_ACCESS_KEY ?= microbatch-secret
+endif
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
@@ -52,10 +59,12 @@ $(BYTECODE): $(STAMP)
 	  { tail -5 $(VENV)/compileall.log; echo "(files that do not compile stay source-only)"; }
 	@touch $@
 
-# The Kafka broker's jars and Spark's Kafka connector (stage 1's JVM reader), from Maven Central.
+# The Kafka broker's jars, Spark's Kafka connector (stage 1's JVM reader) and Delta Lake's
+# Spark connector (reading the Delta sink's tables), from Maven Central.
 jars: venv
 	@$(BIN)/python -c 'from microbatch.localstack.kafka import ensure_jars; from microbatch.settings import Settings; print("==> Kafka jars in", ensure_jars(Settings.from_env().home_path))'
 	@$(BIN)/python -c 'from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars; from microbatch.settings import Settings; print("==> Spark Kafka connector in", ensure_spark_kafka_jars(Settings.from_env().home_path)[0].parent)'
+	@$(BIN)/python -c 'from microbatch.localstack.delta_jars import ensure_delta_jars; from microbatch.settings import Settings; print("==> Delta Lake for Spark in", ensure_delta_jars(Settings.from_env().home_path)[0].parent)'
 
 $(AIRFLOW_HOME)/airflow.db: $(STAMP)
 	@echo "==> airflow db migrate ($(AIRFLOW_HOME))"

@@ -15,6 +15,10 @@ connection id           fields used
 ``microbatch_spark``    host (+ port) = master URL: ``local[*]``, ``spark://h``,
                         ``sc://h``, ``k8s://https://h``, ``yarn``
 ======================  ============================================================
+
+Every secret of the resolved settings (the S3 secret key, the Kafka SASL password), from a
+connection or a ``MICROBATCH_*`` variable, is registered with Airflow's secret masker on
+the way out: task logs, rendered template fields and the triggerer's log show ``***``.
 """
 
 from __future__ import annotations
@@ -113,12 +117,17 @@ async def asettings_from_airflow(
     spark_conn_id: str | None = SPARK_CONN_ID,
 ) -> Settings:
     """:func:`settings_from_airflow` for async code (triggers run in the triggerer)."""
+    from airflow.sdk.log import amask_secret
+
     conns = {
         "kafka": await _aoptional_connection(kafka_conn_id),
         "s3": await _aoptional_connection(s3_conn_id),
         "spark": await _aoptional_connection(spark_conn_id),
     }
-    return Settings.from_env(**_overrides(conns))
+    settings = Settings.from_env(**_overrides(conns))
+    for secret in settings.secret_values():
+        await amask_secret(secret)
+    return settings
 
 
 def settings_from_airflow(
@@ -132,4 +141,15 @@ def settings_from_airflow(
         "s3": _optional_connection(s3_conn_id),
         "spark": _optional_connection(spark_conn_id),
     }
-    return Settings.from_env(**_overrides(conns))
+    settings = Settings.from_env(**_overrides(conns))
+    mask_settings(settings)
+    return settings
+
+
+def mask_settings(settings: Settings) -> None:
+    """Register every secret of ``settings`` with Airflow's secret masker (task logs and
+    rendered fields show ``***``), whatever its source: connection or ``MICROBATCH_*``."""
+    from airflow.sdk.log import mask_secret
+
+    for secret in settings.secret_values():
+        mask_secret(secret)

@@ -116,6 +116,7 @@ def microbatch_dag(
             env=env,
             outlets=[pipeline_asset(pipeline)],
             kafka_repeats_on_backfill=kafka_repeats_on_backfill,
+            deferrable=deferrable,  # waits for another run's lease in the triggerer
             # Batches are ordered: a run's batch waits for the previous run's (succeeded or
             # skipped). It also orders a backfill's runs, whatever its --max-active-runs.
             depends_on_past=True,

@@ -1,14 +1,37 @@
-"""Operators: run a Spark job, run one micro-batch, skip a batch that has nothing to do."""
+"""Operators: run a Spark job, run one micro-batch, skip a batch that has nothing to do.
+
+A failed job is told apart by its exit code (the ``microbatch`` command's contract,
+:class:`microbatch.errors.ExitCode`), never by its message:
+
+=======================  ==========================================================
+exit code                the task
+=======================  ==========================================================
+``config_error`` (2)     fails at once, no retry (:class:`AirflowFailException`)
+``data_loss`` (5)        fails at once, no retry: the message says to rerun with
+                         ``--replan`` or to set ``on_out_of_range='earliest'``
+``lease_held`` (3)       another run holds the pipeline: the batch task waits in the
+                         triggerer (``deferrable``) and tries again, up to
+                         ``lease_max_waits`` times, then fails this try (retried)
+``service_unreachable``  fails this try; Airflow retries it
+(4), ``batch_failed``
+(1), anything else
+=======================  ==========================================================
+
+Secrets (the S3 secret key, the Kafka SASL password, whichever source they come from) are
+registered with Airflow's secret masker before the task's fields are rendered, so they are
+replaced by ``***`` in task logs and in the rendered template fields.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 
-from microbatch.errors import MicrobatchError
+from microbatch.errors import ExitCode, MicrobatchError, exit_code
+from microbatch.settings import Settings
 from microbatch_airflow.connections import (
     KAFKA_CONN_ID,
     S3_CONN_ID,
@@ -17,9 +40,46 @@ from microbatch_airflow.connections import (
 )
 
 
-class _StopsItsJob:
+class _UsesSettings:
+    """The task's settings, from its connections and the environment, resolved once; their
+    secrets are registered with the masker (by :func:`settings_from_airflow`) before any
+    field is rendered or logged."""
+
+    kafka_conn_id: str | None = None
+    s3_conn_id: str | None = None
+    spark_conn_id: str | None = None
+    _settings: Settings | None = None
+
+    def task_settings(self) -> Settings:
+        """The settings (bad ones fail the task without retries: a config error)."""
+        if self._settings is None:
+            try:
+                self._settings = settings_from_airflow(
+                    self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id
+                )
+            except MicrobatchError as exc:
+                raise task_failure(str(exc), exit_code(exc)) from None
+        return self._settings
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        self.task_settings()  # masks first: rendered fields are redacted when stored
+        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
+
+
+def task_failure(message: str, code: ExitCode) -> Exception:
+    """The exception a task fails with for a job that ended with ``code``: a retry cannot
+    fix a configuration error or records Kafka deleted, so those fail without retries."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    if code in (ExitCode.CONFIG_ERROR, ExitCode.DATA_LOSS):
+        return AirflowFailException(f"{message} [{code.reason}: not retried]")
+    return AirflowException(f"{message} [{code.reason}]")
+
+
+class _StopsItsJob(_UsesSettings):
     """Keeps the job's process so that a killed or timed-out task stops it (``on_kill``;
-    ``run_job`` also stops it when the task's own code is interrupted)."""
+    ``run_job`` also stops it when the task's own code is interrupted), and reads the
+    code it exited with."""
 
     _job_process: Any = None
 
@@ -31,6 +91,15 @@ class _StopsItsJob:
 
         if self._job_process is not None:
             stop_job(self._job_process)
+
+    def job_exit_code(self, error: BaseException) -> ExitCode:
+        """Why the job failed: the exit code of its process when it ran and exited non-zero,
+        else (it never started: a missing job file, no spark-submit) ``error``'s own."""
+        proc = self._job_process
+        status = None if proc is None else proc.returncode
+        if status:
+            return ExitCode.of_status(status)
+        return exit_code(error)
 
 
 class MicrobatchJobOperator(_StopsItsJob, BaseOperator):
@@ -65,14 +134,14 @@ class MicrobatchJobOperator(_StopsItsJob, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from microbatch.runner import run_job
 
-        settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id)
+        settings = self.task_settings()
         self.log.info("microbatch settings: %s", settings.redacted())
         try:
             return run_job(
                 self.job, self.job_args, settings, echo=self.log.info, started=self._started
             )
         except MicrobatchError as exc:
-            raise AirflowException(str(exc)) from None
+            raise task_failure(str(exc), self.job_exit_code(exc)) from None
 
 
 class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
@@ -95,7 +164,10 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
     The job's log streams into the task log; the batch result (``batch_id``,
     ``records_in``, ``outputs``, ``dead_letters``, ``watermark``, ``lag``, ``ranges``,
     ``seconds``, ``status``) is the XCom return value; a failed batch fails the task with
-    the batch's own message. A committed batch emits one event on each asset outlet
+    the batch's own message, retried or not by its exit code (module docstring). A batch
+    refused because another run holds the pipeline's lease waits ``lease_wait_s`` in the
+    triggerer (``deferrable=True``; no worker slot held) and tries again, at most
+    ``lease_max_waits`` times. A committed batch emits one event on each asset outlet
     (``extra``: :func:`microbatch_airflow.assets.asset_event_extra`); a dry run commits
     nothing, emits no event, and logs its offset ranges and lag.
     """
@@ -115,6 +187,9 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         kafka_repeats_on_backfill: bool = False,
         env: dict[str, str] | None = None,
         job_args: Sequence[str] = (),
+        deferrable: bool = True,
+        lease_wait_s: float = 30.0,
+        lease_max_waits: int = 20,
         kafka_conn_id: str | None = KAFKA_CONN_ID,
         s3_conn_id: str | None = S3_CONN_ID,
         spark_conn_id: str | None = SPARK_CONN_ID,
@@ -122,6 +197,9 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
+        self.deferrable = deferrable
+        self.lease_wait_s = lease_wait_s
+        self.lease_max_waits = lease_max_waits
         self.until = until
         self.run_id = run_id
         self.parallelism = parallelism
@@ -157,13 +235,19 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         return [*args, *self.job_args], dry_run
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowException
+        return self._run_batch(context, lease_waits=0)
 
+    def execute_after_lease_wait(
+        self, context: Any, event: Any = None, lease_waits: int = 0
+    ) -> dict[str, Any]:
+        """Resumed from the triggerer after waiting for another run's lease: try again."""
+        return self._run_batch(context, lease_waits=lease_waits)
+
+    def _run_batch(self, context: Any, lease_waits: int) -> dict[str, Any]:
         from microbatch.runner import run_job
         from microbatch_airflow.assets import asset_event_extra
 
-        settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id)
-        _mask(settings)
+        settings = self.task_settings()
         self.log.info("microbatch settings: %s", settings.redacted())
         args, dry_run = self.batch_args(context)
         try:
@@ -171,7 +255,10 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
                 self.job, args, settings, self.log.info, env=self.env, started=self._started
             )
         except MicrobatchError as exc:
-            raise AirflowException(str(exc)) from None
+            code = self.job_exit_code(exc)
+            if code is ExitCode.LEASE_HELD:
+                self._wait_for_the_lease(exc, lease_waits)
+            raise task_failure(str(exc), code) from None
         self.log.info(
             "batch %s %s: %s records in, outputs %s, %s dead letters, watermark %s",
             result.get("batch_id"), result.get("status"), result.get("records_in"),
@@ -188,6 +275,23 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = asset_event_extra(result)
         return result
+
+    def _wait_for_the_lease(self, error: BaseException, lease_waits: int) -> None:
+        """Defer to the triggerer for ``lease_wait_s``, then run the batch again; returns
+        (the caller fails this try) when not deferrable or out of waits."""
+        if not self.deferrable or lease_waits >= self.lease_max_waits:
+            return
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        self.log.warning(
+            "another run holds the pipeline's lease; trying again in %.0f s (wait %d of %d): %s",
+            self.lease_wait_s, lease_waits + 1, self.lease_max_waits, error,
+        )  # fmt: skip
+        self.defer(
+            trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.lease_wait_s)),
+            method_name="execute_after_lease_wait",
+            kwargs={"lease_waits": lease_waits + 1},
+        )
 
 
 def is_backfill(context: Any) -> bool:
@@ -212,15 +316,7 @@ def interval_end(context: Any) -> str:
     return dt.datetime.now(dt.UTC).isoformat()
 
 
-def _mask(settings: Any) -> None:
-    """Register the secrets with Airflow's log masker, whatever their source."""
-    from airflow.sdk.log import mask_secret
-
-    if settings.s3_secret_access_key:
-        mask_secret(settings.s3_secret_access_key)
-
-
-class MicrobatchNewDataOperator(BaseOperator):
+class MicrobatchNewDataOperator(_UsesSettings, BaseOperator):
     """Skip the run's batch when the pipeline has nothing to do (``skip_when_idle``).
 
     Compares the Kafka end offsets with the offsets of the pipeline's newest checkpoint,
@@ -277,10 +373,12 @@ class MicrobatchNewDataOperator(BaseOperator):
         if is_backfill(context):
             self.log.info("backfill: the interval is reprocessed, whatever is new")
             return {"status": "new_data", "message": "backfill"}
-        settings = settings_from_airflow(self.kafka_conn_id, self.s3_conn_id, None)
-        _mask(settings)
-        facts = PipelineFacts.from_pipeline(load_job_pipeline(self.job, settings, self.env))
-        decision = check_for_work(facts, settings, int(time.time() * 1000))
+        settings = self.task_settings()
+        try:
+            facts = PipelineFacts.from_pipeline(load_job_pipeline(self.job, settings, self.env))
+            decision = check_for_work(facts, settings, int(time.time() * 1000))
+        except MicrobatchError as exc:
+            raise task_failure(str(exc), exit_code(exc)) from None
         if decision.event().get("status") != "idle" or self.wait_s <= 0:
             # Decided at once (one quick look at Kafka and the checkpoint): the triggerer
             # is only worth its round trip for waiting for data to arrive.

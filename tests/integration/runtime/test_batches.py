@@ -187,4 +187,4 @@ def test_replay_from_a_checkpoint_reprocesses_later_records_and_replaces_their_p
     with_kafka = count_pipeline(topic, str(tmp_path / "k"), out_topic=new_topic(admin, 1))
     with pytest.raises(Exception, match="--accept-kafka-repeats"):
         runner(spark, kafka_settings, with_kafka).replay_from(0)
-    assert main(["replay", "/nonexistent.py", "--from-checkpoint", "0"]) == 1
+    assert main(["replay", "/nonexistent.py", "--from-checkpoint", "0"]) == 2  # config error

@@ -2,13 +2,22 @@
 
 The public API is listed in ``__all__``; everything else is reachable through its
 subpackage (``microbatch.checkpoint``, ``microbatch.storage``, ...) and may change.
+``__version__`` is the installed distribution's version (``importlib.metadata``, so it
+agrees with ``pip show microbatch``); a source tree that was never installed has no
+metadata and says ``0+unknown``, a valid version that sorts before every release.
 """
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _distribution_version
 
 from microbatch.errors import (
     BatchError,
     CheckpointError,
     ConfigError,
+    DataLossError,
     EnrichmentError,
+    ExitCode,
+    LeaseError,
     MicrobatchError,
     ProcessError,
     ServiceError,
@@ -33,19 +42,33 @@ from microbatch.settings import Settings
 from microbatch.state import KeyedStateBackend, ListState, MapState, ValueState
 from microbatch.storage import ObjectStore, open_store
 
+
+def _installed_version(distribution: str = "microbatch") -> str:
+    """The installed version of ``distribution``, else ``0+unknown``."""
+    try:
+        return _distribution_version(distribution)
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _installed_version()
+
 __all__ = [
     "BatchError",
     "CheckpointError",
     "ConfigError",
+    "DataLossError",
     "DeadLetterSink",
     "Enrichment",
     "EnrichmentError",
     "EventTime",
+    "ExitCode",
     "KafkaSink",
     "KafkaSource",
     "KeyGroupRange",
     "KeyedProcessFunction",
     "KeyedStateBackend",
+    "LeaseError",
     "ListState",
     "MapState",
     "MicrobatchError",
@@ -61,6 +84,7 @@ __all__ = [
     "StateError",
     "StorageError",
     "ValueState",
+    "__version__",
     "key_group",
     "key_group_range",
     "open_store",

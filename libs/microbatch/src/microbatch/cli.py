@@ -12,8 +12,12 @@ A pipeline is named by reference: ``path/to/job.py`` or ``path/to/job.py:attr`` 
     microbatch replay jobs/clickstream.py --from-checkpoint 12
     microbatch unlock jobs/clickstream.py
 
-Every command prints a readable table, or JSON with ``--json``. Errors print one line
-naming what went wrong and exit 1.
+Every command prints a readable table, or JSON with ``--json``. An error prints one line
+naming what went wrong on stderr (with ``--json`` also ``{"error": {"reason", "message",
+"exit_code"}}`` on stdout) and exits with the code of its cause
+(:class:`microbatch.errors.ExitCode`): 1 batch failed, 2 configuration, 3 lease held by
+another run, 4 service unreachable, 5 Kafka deleted records the batch must read.
+``microbatch --version`` prints the library's version.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from microbatch.errors import ConfigError, MicrobatchError
+from microbatch import __version__
+from microbatch.errors import ConfigError, ExitCode, MicrobatchError, exit_code
 
 
 def load_pipeline(ref: str) -> Any:
@@ -75,6 +80,7 @@ def _store(pipeline: Any, settings: Any) -> Any:
 
 
 def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    from microbatch import metrics
     from microbatch.runtime import BatchOptions, BatchRunner
     from microbatch.spark import spark_session
 
@@ -99,15 +105,32 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             session.append(spark_session(settings, app_name=f"microbatch-{pipeline.name}"))
         return session[0]
 
+    metrics.setup_from_env()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    batch_metrics = metrics.BatchMetrics()
     results = []
     for n in range(args.batches):
         _progress(args, f"batch {n + 1}/{args.batches} ...")
-        result = BatchRunner(spark, pipeline, settings).run(options).to_json()
+        try:
+            batch = BatchRunner(spark, pipeline, settings).run(options)
+        except Exception as e:
+            batch_metrics.record_failure(exit_code(e).reason, pipeline.name)
+            raise
+        committed = batch.status == "committed" and batch_metrics.exporting
+        batch_metrics.record(batch, _batch_stats(pipeline, settings, batch) if committed else None)
+        result = batch.to_json()
         results.append(result)
         _progress(args, _run_line(result))
         if not args.json:  # for callers that parse the log (the Airflow operator)
             print("MICROBATCH_RESULT " + json.dumps(result), flush=True)
     return {"batches": results}
+
+
+def _batch_stats(pipeline: Any, settings: Any, batch: Any) -> Any:
+    """The committed checkpoint's stats of ``batch`` (its enrichment counters), for metrics."""
+    from microbatch.checkpoint import Layout, load_manifest
+    from microbatch.runtime.records import BatchRecord
+
+    return BatchRecord.of(load_manifest(_store(pipeline, settings), Layout(), batch.batch_id)).stats
 
 
 def _run_line(r: dict[str, Any]) -> str:
@@ -268,8 +291,34 @@ def cmd_unlock(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     return {"pipeline": pipeline.name, "released": held}
 
 
+def cmd_optimize(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    """Compact a Delta sink's files per batch (and vacuum), holding the pipeline's lease,
+    after publishing a committed batch: no batch runs meanwhile, none is half published."""
+    from microbatch.checkpoint import Layout, latest_manifest
+    from microbatch.runtime import fence
+    from microbatch.runtime.publish import recover
+    from microbatch.sinks.delta import DeltaSink
+
+    pipeline = load_pipeline(args.pipeline)
+    sink = pipeline.sink(args.sink)
+    if not isinstance(sink, DeltaSink):
+        raise ConfigError(f"sink {sink.name!r} is a {type(sink).__name__}, not a DeltaSink")
+    store = _store(pipeline, settings)
+    owner = f"optimize-{time.time_ns()}"
+    with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s) as held:
+        newest = latest_manifest(store, Layout())
+        if newest is not None:
+            recover(store, Layout(), pipeline, settings, newest, held)
+        target = sink.target(settings, pipeline.name)
+        out = {"pipeline": pipeline.name, "sink": sink.name, **target.optimize(args.dry_run)}
+        if args.vacuum:
+            out["vacuumed"] = target.vacuum(args.retention_hours, dry_run=args.dry_run)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="microbatch", description=__doc__.split("\n")[0])
+    p = _Parser(prog="microbatch", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"microbatch {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -321,6 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay even though Kafka sinks receive the undone outputs again",
     )
     add("unlock", "end the lease now (a dead run's lease expires on its own)")
+    op = add("optimize", "compact a Delta sink's files per batch (exactly-once kept)")
+    op.add_argument("--sink", required=True, help="the DeltaSink's name")
+    op.add_argument("--vacuum", action="store_true", help="then delete unreferenced files")
+    op.add_argument("--retention-hours", type=float, default=168.0, help="vacuum: min age")
+    op.add_argument("--dry-run", action="store_true", help="only say what would change")
     return p
 
 
@@ -332,27 +386,25 @@ COMMANDS = {
     "reshard": cmd_reshard,
     "replay": cmd_replay,
     "unlock": cmd_unlock,
+    "optimize": cmd_optimize,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     from microbatch.settings import Settings
 
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        return report_error(e, "microbatch", as_json="--json" in words)
     if argv is None:  # a real command line (not a caller's in-process use): log to stderr
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
         out = COMMANDS[args.command](args, settings)
-    except MicrobatchError as e:
-        print(f"microbatch {args.command}: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # Spark wraps task errors: show the library's message
-        text = str(e)
-        hit = text.find("microbatch.errors.")
-        print(f"microbatch {args.command}: {text[hit:hit + 2000] if hit >= 0 else text}",
-              file=sys.stderr)  # fmt: skip
-        return 1
+    except Exception as e:
+        return report_error(e, f"microbatch {args.command}", as_json=getattr(args, "json", False))
     if args.json:
         print(json.dumps(out, indent=1, default=str))
     elif args.command == "status":
@@ -365,6 +417,45 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(json.dumps(out, indent=1, default=str))
     return 0
+
+
+class UsageError(ConfigError):
+    """The command line itself is wrong (argparse's complaint, with the usage line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is raised (to be reported like any other error, as JSON
+    with ``--json``) instead of printed and exited on."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+def error_message(e: BaseException) -> str:
+    """What to tell the user about ``e``: its message; for an error Spark wrapped (a task
+    failure arrives as a Java/Python exception around the library's), the library's part."""
+    if isinstance(e, MicrobatchError):
+        return str(e)
+    text = str(e) or type(e).__name__
+    hit = text.find("microbatch.errors.")
+    return text[hit : hit + 2000] if hit >= 0 else text
+
+
+def report_error(e: BaseException, prefix: str, *, as_json: bool) -> int:
+    """Print ``e`` as one line on stderr (``prefix: message``, the line callers such as
+    :mod:`microbatch.runner` pick up), and with ``as_json`` the error object on stdout;
+    return its exit code (:func:`microbatch.errors.exit_code`)."""
+    code = exit_code(e)
+    message = error_message(e)
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+    if as_json:
+        print(json.dumps(error_json(code, message)), flush=True)
+    return int(code)
+
+
+def error_json(code: ExitCode, message: str) -> dict[str, Any]:
+    """The ``--json`` form of an error: ``{"error": {"reason", "message", "exit_code"}}``."""
+    return {"error": {"reason": code.reason, "message": message, "exit_code": int(code)}}
 
 
 def exit_now(code: int) -> NoReturn:

@@ -19,13 +19,30 @@ Variables (each maps to the field of the same name, lower-cased, without the pre
 - ``MICROBATCH_KAFKA_SSL_CAFILE``: PEM file of the CAs to trust (``SSL``/``SASL_SSL``);
   empty = the system's
 - ``MICROBATCH_S3_ENDPOINT_URL``: S3 API endpoint, empty for AWS; ``http://127.0.0.1:8333``
-- ``MICROBATCH_S3_ACCESS_KEY_ID``: access key; ``microbatch``
-- ``MICROBATCH_S3_SECRET_ACCESS_KEY``: secret key, never logged; ``microbatch-secret``
+- ``MICROBATCH_S3_ACCESS_KEY_ID`` / ``MICROBATCH_S3_SECRET_ACCESS_KEY``: S3 keys (the
+  secret is never logged); empty = see *S3 credentials* below
 - ``MICROBATCH_S3_REGION``: region name; ``us-east-1``
 - ``MICROBATCH_S3_BUCKET``: bucket for checkpoints and outputs; ``microbatch``
 - ``MICROBATCH_SPARK_MASTER``: Spark master URL (``local[*]``, ``spark://host:7077``,
   ``k8s://...``, ``yarn``); ``local[*]``
 - ``MICROBATCH_HOME``: local folder for downloaded jars and service data; ``./.local``
+
+S3 credentials, first that applies:
+
+1. both ``MICROBATCH_S3_ACCESS_KEY_ID`` and ``MICROBATCH_S3_SECRET_ACCESS_KEY`` (or the
+   Airflow connection's login/password);
+2. the embedded local stack — the S3 endpoint is on loopback and the environment names
+   no AWS credentials (none of :data:`AWS_CREDENTIAL_VARIABLES`) — its keys
+   ``microbatch`` / ``microbatch-secret``, which SeaweedFS is started with;
+3. otherwise boto3's default credential chain, and the same chain of pyarrow's
+   ``S3FileSystem``: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (+
+   ``AWS_SESSION_TOKEN``), ``AWS_PROFILE`` in the shared credentials file
+   (``AWS_SHARED_CREDENTIALS_FILE``, default ``~/.aws/credentials``), web identity,
+   container and instance-profile roles.
+
+``MICROBATCH_ENV=production`` (default ``development``) refuses the local stack's
+defaults: the local keys, and loopback Kafka or S3 endpoints, each a :class:`ConfigError`
+naming the variable.
 """
 
 from __future__ import annotations
@@ -40,6 +57,23 @@ from urllib.parse import urlparse
 from microbatch.errors import ConfigError
 
 ENV_PREFIX = "MICROBATCH_"
+#: ``development`` (the default) or ``production`` (no local-stack defaults accepted).
+ENV_VARIABLE = "MICROBATCH_ENV"
+ENVIRONMENTS = ("development", "production")
+#: The keys the embedded SeaweedFS is started with (``microbatch.localstack``).
+LOCAL_STACK_S3_KEYS = ("microbatch", "microbatch-secret")
+#: Variables that hand boto3's (and pyarrow's) default chain its credentials: when any is
+#: set, a loopback endpoint is not assumed to be the local stack's.
+AWS_CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 _SECRET_FIELDS = frozenset({"s3_secret_access_key", "kafka_sasl_password"})
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -56,8 +90,8 @@ class Settings:
     kafka_sasl_password: str = ""
     kafka_ssl_cafile: str = ""
     s3_endpoint_url: str = "http://127.0.0.1:8333"
-    s3_access_key_id: str = "microbatch"
-    s3_secret_access_key: str = "microbatch-secret"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
     s3_region: str = "us-east-1"
     s3_bucket: str = "microbatch"
     spark_master: str = "local[*]"
@@ -82,6 +116,14 @@ class Settings:
         if len(self.s3_bucket) < 3:
             raise ConfigError(
                 f"MICROBATCH_S3_BUCKET={self.s3_bucket!r}: S3 bucket names need 3+ characters"
+            )
+        if bool(self.s3_access_key_id) != bool(self.s3_secret_access_key):
+            pair = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY")
+            given, missing = pair if self.s3_access_key_id else pair[::-1]
+            raise ConfigError(
+                f"MICROBATCH_S3_{given} is set but MICROBATCH_S3_{missing} is not: set both, "
+                "or neither to use the AWS default credential chain (AWS_ACCESS_KEY_ID, "
+                "AWS_PROFILE, an instance profile, ...)"
             )
 
     def _check_kafka_security(self) -> None:
@@ -108,7 +150,10 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read ``MICROBATCH_*`` variables from ``env`` (default: ``os.environ``).
 
-        Keyword arguments win over the environment; unknown names are an error.
+        Keyword arguments win over the environment; unknown names are an error. Unset S3
+        keys become the local stack's on a loopback endpoint when ``env`` names no AWS
+        credentials, and stay empty (the AWS default chain) otherwise; with
+        ``MICROBATCH_ENV=production`` the result must pass :meth:`check_production`.
         """
         env = os.environ if env is None else env
         names = {f.name for f in dataclasses.fields(cls)}
@@ -121,7 +166,62 @@ class Settings:
                 values[name] = overrides[name]
             elif ENV_PREFIX + name.upper() in env:
                 values[name] = env[ENV_PREFIX + name.upper()]
-        return cls(**values)
+        endpoint = values.get("s3_endpoint_url", cls.s3_endpoint_url)
+        if is_loopback_url(endpoint) and not any(env.get(v) for v in AWS_CREDENTIAL_VARIABLES):
+            # The embedded local stack: SeaweedFS runs with these keys.
+            for name, key in zip(("s3_access_key_id", "s3_secret_access_key"),
+                                 LOCAL_STACK_S3_KEYS, strict=True):  # fmt: skip
+                values[name] = values.get(name) or key
+        settings = cls(**values)
+        environment = env.get(ENV_VARIABLE, "") or "development"
+        if environment not in ENVIRONMENTS:
+            raise ConfigError(
+                f"{ENV_VARIABLE}={environment!r}: expected one of {', '.join(ENVIRONMENTS)}"
+            )
+        if environment == "production":
+            settings.check_production()
+        return settings
+
+    def check_production(self) -> None:
+        """Refuse what only the embedded local stack should use (``MICROBATCH_ENV=
+        production``): its S3 keys, and Kafka or S3 endpoints on loopback."""
+        if self.s3_access_key_id == LOCAL_STACK_S3_KEYS[0] or (
+            self.s3_secret_access_key == LOCAL_STACK_S3_KEYS[1]
+        ):
+            raise ConfigError(
+                "MICROBATCH_S3_ACCESS_KEY_ID / MICROBATCH_S3_SECRET_ACCESS_KEY hold the local "
+                f"stack's keys, refused with {ENV_VARIABLE}=production: set the real keys, or "
+                "unset both and give the AWS default chain its credentials (AWS_ACCESS_KEY_ID, "
+                "AWS_PROFILE, an instance profile)"
+            )
+        if is_loopback_url(self.s3_endpoint_url):
+            raise ConfigError(
+                f"MICROBATCH_S3_ENDPOINT_URL={self.s3_endpoint_url!r} is a loopback address, "
+                f"refused with {ENV_VARIABLE}=production: set your S3 / MinIO URL (empty for AWS)"
+            )
+        loopback = [
+            server
+            for server in self.kafka_bootstrap_servers.split(",")
+            if server.strip().rpartition(":")[0].strip("[]") in _LOOPBACK_HOSTS
+        ]
+        if loopback:
+            raise ConfigError(
+                f"MICROBATCH_KAFKA_BOOTSTRAP_SERVERS={self.kafka_bootstrap_servers!r} names "
+                f"loopback broker(s) {loopback}, refused with {ENV_VARIABLE}=production: set "
+                "your cluster's brokers"
+            )
+
+    @property
+    def s3_credentials_source(self) -> str:
+        """Where the S3 credentials come from, for messages (never the keys themselves)."""
+        if (self.s3_access_key_id, self.s3_secret_access_key) == LOCAL_STACK_S3_KEYS:
+            return "the local stack's keys (microbatch / microbatch-secret)"
+        if self.s3_access_key_id:
+            return f"MICROBATCH_S3_ACCESS_KEY_ID={self.s3_access_key_id!r} and its secret"
+        return (
+            "the AWS default credential chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+            "AWS_PROFILE and the shared credentials file, an instance profile)"
+        )
 
     @staticmethod
     def env_names() -> list[str]:
@@ -153,28 +253,42 @@ class Settings:
         return config
 
     def boto3_client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``boto3.client("s3", **kwargs)``."""
-        kwargs: dict[str, Any] = {
-            "aws_access_key_id": self.s3_access_key_id,
-            "aws_secret_access_key": self.s3_secret_access_key,
-            "region_name": self.s3_region,
-        }
+        """Keyword arguments for ``boto3.client("s3", **kwargs)``: without keys, boto3's
+        default credential chain finds them."""
+        kwargs: dict[str, Any] = {"region_name": self.s3_region}
+        if self.s3_access_key_id:
+            kwargs["aws_access_key_id"] = self.s3_access_key_id
+            kwargs["aws_secret_access_key"] = self.s3_secret_access_key
         if self.s3_endpoint_url:
             kwargs["endpoint_url"] = self.s3_endpoint_url
         return kwargs
 
     def pyarrow_s3_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``pyarrow.fs.S3FileSystem(**kwargs)``."""
-        kwargs: dict[str, Any] = {
-            "access_key": self.s3_access_key_id,
-            "secret_key": self.s3_secret_access_key,
-            "region": self.s3_region,
-        }
+        """Keyword arguments for ``pyarrow.fs.S3FileSystem(**kwargs)``: without keys, the
+        AWS SDK's default credential chain finds them."""
+        kwargs: dict[str, Any] = {"region": self.s3_region}
+        if self.s3_access_key_id:
+            kwargs["access_key"] = self.s3_access_key_id
+            kwargs["secret_key"] = self.s3_secret_access_key
         if self.s3_endpoint_url:
             url = urlparse(self.s3_endpoint_url)
             kwargs["endpoint_override"] = url.netloc
             kwargs["scheme"] = url.scheme
         return kwargs
+
+    def s3_client_key(self) -> tuple[Any, ...]:
+        """What decides an S3 client's identity: its kwargs, plus — for the default chain —
+        the AWS variables it reads, so a changed environment gets a new client."""
+        kwargs = tuple(sorted(self.boto3_client_kwargs().items()))
+        if self.s3_access_key_id:
+            return kwargs
+        names = (*AWS_CREDENTIAL_VARIABLES, "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+        return kwargs + tuple((name, os.environ.get(name)) for name in names)
+
+    def secret_values(self) -> list[str]:
+        """The values of the secret settings that are set (S3 secret key, Kafka SASL
+        password): what a host such as Airflow must mask wherever it shows text."""
+        return [str(getattr(self, name)) for name in sorted(_SECRET_FIELDS) if getattr(self, name)]
 
     def redacted(self) -> dict[str, str]:
         """The settings with secrets masked: safe for logs, XCom and UI pages."""
@@ -186,3 +300,8 @@ class Settings:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.redacted().items())
         return f"Settings({fields})"
+
+
+def is_loopback_url(url: str) -> bool:
+    """Is ``url``'s host this machine (where the embedded local stack listens)?"""
+    return bool(url) and (urlparse(url).hostname or "") in _LOOPBACK_HOSTS

@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from microbatch.checkpoint.layout import Layout
-from microbatch.errors import SourceError
+from microbatch.errors import DataLossError, SourceError
 from microbatch.kafka.assignment import source_task
 from microbatch.kafka.offsets import (
     OffsetRange,
@@ -457,7 +457,7 @@ def plan_batch(
             )
         if wanted < begin[tp]:
             if on_out_of_range == "fail":
-                raise SourceError(
+                raise DataLossError(
                     f"{tp}: committed offset {wanted} is no longer available on "
                     f"{view.bootstrap_servers}; the earliest available offset is {begin[tp]} "
                     f"(retention deleted {begin[tp] - wanted} offsets before pipeline "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from microbatch.errors import ConfigError, SourceError
+from microbatch.errors import ConfigError, DataLossError, SourceError
 from microbatch.kafka.offsets import OffsetRange
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def read_range(
             try:  # never more than one batch pending: no list copies, bounded memory
                 polled = consumer.poll(timeout_ms=500, max_records=batch_rows - len(pending))
             except OffsetOutOfRangeError as exc:
-                raise SourceError(
+                raise DataLossError(
                     f"reading {where}: offset {position} is no longer available (retention "
                     "deleted it after the batch was planned). Rerun with `microbatch run "
                     "--replan` (or on_out_of_range='earliest') to plan the batch again "

@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from microbatch.errors import ConfigError, SourceError
+from microbatch.errors import ConfigError, DataLossError, SourceError
 from microbatch.kafka.offsets import OffsetRange, TopicPartition
 from microbatch.kafka.reader import KAFKA_SPARK_SCHEMA, build_consumer_config
 
@@ -243,7 +243,7 @@ def check_available(
     for r in ranges:
         where = f"reading {r.tp} [{r.start}, {r.end}) on {bootstrap_servers}"
         if earliest.get(r.tp, 0) > r.start:
-            raise SourceError(
+            raise DataLossError(
                 f"{where}: offset {r.start} is no longer available (retention deleted it after "
                 f"the batch was planned; the earliest kept offset is {earliest[r.tp]}). Rerun "
                 "with `microbatch run --replan` (or on_out_of_range='earliest') to plan the "

@@ -96,6 +96,13 @@ class SeaweedFS:
                 "whatever holds them (`make stack-down` if it is an old stack), or choose "
                 "another port in MICROBATCH_S3_ENDPOINT_URL."
             )
+        if not self.settings.s3_access_key_id:
+            raise ServiceError(
+                "SeaweedFS: the local S3 gateway needs keys, and none are set (the "
+                "environment names AWS credentials, so the local stack's are not assumed): "
+                "export MICROBATCH_S3_ACCESS_KEY_ID=microbatch and "
+                "MICROBATCH_S3_SECRET_ACCESS_KEY=microbatch-secret for the local stack"
+            )
         (self.workdir / "data").mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["AWS_ACCESS_KEY_ID"] = self.settings.s3_access_key_id

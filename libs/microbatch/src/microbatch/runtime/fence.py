@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from microbatch.checkpoint.layout import Layout
-from microbatch.errors import BatchError, StorageError
+from microbatch.errors import LeaseError, StorageError
 from microbatch.storage import (
     AlreadyExistsError,
     ObjectNotFoundError,
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 LEASE_KEY = Layout().lease_key
 
 
-class FencedError(BatchError):
+class FencedError(LeaseError):
     """This run no longer holds the pipeline's lease: another run took over."""
 
 
@@ -111,7 +111,7 @@ class Lease:
                     return
                 continue
             if not (held.owner == self.owner or held.released or held.expires_ms < now):
-                raise BatchError(
+                raise LeaseError(
                     f"pipeline {self.pipeline!r} is being run by {held.owner!r} (lease in "
                     f"{self.where}, epoch {held.epoch}, until {_iso(held.expires_ms)}); only "
                     "one run may work on a pipeline. If that run died, its lease expires "
@@ -130,7 +130,7 @@ class Lease:
                 continue  # another run changed it meanwhile: look again
             self.state = mine
             return
-        raise BatchError(
+        raise LeaseError(
             f"pipeline {self.pipeline!r}: another run took the lease in {self.where} at the "
             "same time; only one may work on a pipeline"
         )

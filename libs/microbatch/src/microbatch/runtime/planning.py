@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from microbatch.errors import SourceError
+from microbatch.errors import DataLossError
 from microbatch.kafka import (
     BatchLimits,
     BatchPlan,
@@ -57,7 +57,7 @@ def next_plan(
     where = f"pipeline {pipeline.name!r} batch {batch_id}"
     listed = ", ".join(f"{tp} [{start}, {kept})" for tp, (start, kept) in sorted(lost.items()))
     if not (options.replan or pipeline.source.on_out_of_range == "earliest"):
-        raise SourceError(
+        raise DataLossError(
             f"{where}: Kafka deleted records its stored plan was to read before the batch "
             f"ran ({listed}: offsets before the earliest kept one). Every rerun of this plan "
             "would fail. To go on without them, rerun with `microbatch run --replan` (the "

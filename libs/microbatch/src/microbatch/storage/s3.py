@@ -67,16 +67,39 @@ def is_retryable(err: Exception) -> bool:
     return isinstance(err, ConnectionError | HTTPClientError)
 
 
+def client_for(settings: Settings) -> Any:
+    """The shared boto3 S3 client for ``settings`` (see :func:`shared_client`). Without
+    keys in the settings, boto3's default credential chain supplies them; the AWS
+    variables it reads are part of the client's identity, so changing them (a test, a
+    rotated profile) gets a client that uses the new ones."""
+    return shared_client(os.getpid(), settings.s3_client_key())
+
+
 @functools.lru_cache(maxsize=8)
-def shared_client(pid: int, **client_kwargs: Any) -> Any:
+def shared_client(pid: int, identity: tuple[tuple[str, Any], ...]) -> Any:
     """One boto3 client per process and endpoint/credentials: creating one costs ~0.15 s
     (it loads the service model), and a batch opens several stores. Clients are
-    thread-safe; ``pid`` keeps a forked process from reusing its parent's connections."""
+    thread-safe; ``pid`` keeps a forked process from reusing its parent's connections.
+    ``identity``: :meth:`Settings.s3_client_key` (the client's kwargs come first)."""
     import boto3
     from botocore.config import Config
 
     config = Config(retries={"total_max_attempts": 1}, max_pool_connections=32)
-    return boto3.client("s3", config=config, **client_kwargs)
+    kwargs = {k: v for k, v in identity if not k.startswith("AWS_")}
+    # A session of its own: boto3's default one keeps the profile and config files it read
+    # first, and would miss a profile chosen since.
+    return boto3.session.Session().client("s3", config=config, **kwargs)
+
+
+def _is_credentials_error(err: Exception) -> bool:
+    """No credentials found, or credentials the store does not accept."""
+    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+    from microbatch.errors import S3_CREDENTIAL_CODES
+
+    if isinstance(err, NoCredentialsError | PartialCredentialsError):
+        return True
+    return isinstance(err, ClientError) and _code(err) in S3_CREDENTIAL_CODES
 
 
 class S3Store:
@@ -109,8 +132,13 @@ class S3Store:
         self._sleep = sleep
         if client is None:
             settings = settings or Settings.from_env()
-            client = shared_client(os.getpid(), **settings.boto3_client_kwargs())
+            client = client_for(settings)
         self.client = client
+        #: For messages: where the credentials come from (never the keys), the endpoint.
+        self.credentials = (
+            "the injected client" if settings is None else (settings.s3_credentials_source)
+        )
+        self.endpoint = "S3" if settings is None else settings.s3_endpoint_url or "AWS S3"
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r})"
@@ -150,6 +178,15 @@ class S3Store:
                     raise PreconditionFailedError(
                         f"{self._where(key)} changed or is gone (If-Match failed)"
                     ) from None
+                if _is_credentials_error(e):
+                    raise StorageError(
+                        f"S3 {op} of {self._where(key)} at {self.endpoint}: the credentials "
+                        f"were refused or not found ({e}). They came from {self.credentials}. "
+                        "Set MICROBATCH_S3_ACCESS_KEY_ID and MICROBATCH_S3_SECRET_ACCESS_KEY "
+                        "(or the microbatch_s3 connection's login/password), or unset them "
+                        "and give the AWS default chain valid ones (AWS_ACCESS_KEY_ID / "
+                        "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance profile)."
+                    ) from e
                 raise StorageError(
                     f"S3 {op} of key {self.prefix}{key!s} in bucket {self.bucket!r} failed "
                     f"after {attempt} attempt(s): {e}"
