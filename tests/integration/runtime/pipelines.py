@@ -54,10 +54,14 @@ def count_pipeline(
     max_records_per_batch: int | None = None,
     on_process_error: str = "fail",
     parallelism: int = 2,
+    kafka_first: bool = False,
 ) -> Pipeline:
+    """Click counts per user to Parquet (and to ``out_topic``; published first if
+    ``kafka_first``, so a crash while publishing can leave its transaction open)."""
     sinks: list[Any] = [ParquetSink("counts", f"{root}/counts", COUNT_SCHEMA)]
     if out_topic is not None:
-        sinks.append(KafkaSink("counts_topic", out_topic, key_field="user"))
+        kafka = KafkaSink("counts_topic", out_topic, key_field="user")
+        sinks.insert(0 if kafka_first else 1, kafka)
     return Pipeline(
         name="counts",
         source=KafkaSource(topics=(topic,), max_records_per_batch=max_records_per_batch),

@@ -7,6 +7,7 @@ a job here: this exercises the real subprocess handling without Spark.
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,16 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _gone_soon(pid: int, within_s: float = 5.0) -> bool:
+    """Signals are asynchronous: a killed process may linger a moment before it is gone."""
+    deadline = time.monotonic() + within_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_an_interrupted_caller_stops_the_job_and_everything_it_started(tmp_path):
     """A task timeout or kill interrupts run_job: the job's whole process tree goes with
     it (spark-submit's JVM and driver would otherwise keep running the batch)."""
@@ -99,7 +110,7 @@ def test_an_interrupted_caller_stops_the_job_and_everything_it_started(tmp_path)
     with pytest.raises(TimeoutError):
         run_job(script, ["--dry-run"], SETTINGS, echo)
 
-    assert pids and not _alive(pids[0])
+    assert pids and _gone_soon(pids[0])
 
 
 def test_stop_job_ends_a_running_job_from_elsewhere(tmp_path):

@@ -33,6 +33,7 @@ from microbatch.runtime.records import BatchRecord, InstanceResult
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.settings import Settings
+from microbatch.sinks import parquet as ps
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
 
@@ -301,3 +302,22 @@ def test_a_batch_of_a_past_data_interval_runs_on_the_interval_clock(pipeline, lo
 
     record = BatchRecord.of(latest_manifest(open_store(pipeline.checkpoints), Layout()))
     assert record.batch is not None and record.batch.processing_time_ms == interval_end
+
+
+def test_files_of_an_attempt_that_lost_the_commit_go_when_the_batch_leaves_retention(
+    pipeline, log
+) -> None:
+    short = dataclasses.replace(pipeline, retain_checkpoints=1)
+    with pytest.raises(InjectedCrash):
+        runner(short, log).run(BatchOptions(crash_at="after_sink_staging", run_id="r1"))
+    runner(short, log).run(BatchOptions(run_id="r1"))  # a new attempt commits batch 0
+    sink = open_store(short.sinks[0].url)  # type: ignore[attr-defined]
+    listed = set(json.loads(sink.get(ps.commit_key(0)))["files"])
+    orphans = set(sink.list(ps.batch_prefix(0))) - listed
+    assert orphans, "the crashed attempt's parts should be left over"
+
+    log.produce(0, "bob")
+    runner(short, log).run()  # batch 1: batch 0 leaves retention
+
+    assert set(sink.list(ps.batch_prefix(0))) == listed
+    assert totals(short) == [("ann", 3), ("bob", 1), ("bob", 2), ("cid", 1)]

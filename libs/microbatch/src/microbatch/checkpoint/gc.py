@@ -53,6 +53,10 @@ def collect_garbage(store: ObjectStore, layout: Layout, keep_last: int) -> GcRes
 
     for cid in dropped:  # Step 1
         store.delete(layout.manifest_key(cid))
+    if dropped:
+        from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
+
+        pause_if("during_gc", f"GC {store.url}")
     deleted, kept = [], 0
     for key in store.list(layout.state):  # Step 2
         cid = layout.state_id(key)

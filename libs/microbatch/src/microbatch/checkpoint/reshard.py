@@ -97,6 +97,9 @@ def reshard(
         write_instance(store, layout, b, target_id, i, None, full=True)
         for i, b in enumerate(backends)
     ]
+    from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
+
+    pause_if("during_reshard", f"reshard of checkpoint {source_id}")
     if metadata is None:
         metadata = dict(source.metadata) | {
             "resharded_from": {

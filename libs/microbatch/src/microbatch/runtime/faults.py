@@ -27,8 +27,18 @@ CRASH_POINTS = (
 
 #: Where a driver can stop itself (SIGSTOP) when ``MICROBATCH_PAUSE_AT`` names the point:
 #: the kill-and-race tests make a stalled attempt (a zombie) this way, resume it with
-#: SIGCONT, and check that it can overwrite nothing.
-PAUSE_POINTS = ("before_plan", "after_plan", "before_commit", "before_publish")
+#: SIGCONT and check that it can overwrite nothing — or SIGKILL it there, a crash inside
+#: a step that has no ``crash_at`` of its own.
+PAUSE_POINTS = (
+    "before_plan",
+    "after_plan",
+    "before_commit",
+    "before_publish",
+    "in_kafka_transaction",  # a Kafka sink's messages sent, its transaction not committed
+    "after_rewind_commit",  # a rewind (replay, backfill) committed, not published
+    "during_reshard",  # a reshard's state files written, its manifest not committed
+    "during_gc",  # GC deleted old manifests, not yet the files only they referenced
+)
 PAUSE_ENV = "MICROBATCH_PAUSE_AT"
 
 
@@ -49,6 +59,7 @@ def crash_if(point: str | None, here: str, where: str) -> None:
 
 def pause_if(here: str, where: str) -> None:
     """Stop this process (SIGSTOP) at ``here`` if ``MICROBATCH_PAUSE_AT`` names it."""
+    assert here in PAUSE_POINTS, here
     if os.environ.get(PAUSE_ENV) == here:
         log.warning("%s: pausing at %s (%s), pid %s", where, here, PAUSE_ENV, os.getpid())
         os.kill(os.getpid(), signal.SIGSTOP)

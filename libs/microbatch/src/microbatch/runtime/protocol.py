@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from microbatch.checkpoint import (
@@ -175,7 +175,9 @@ class BatchRunner:
         laps.lap("publish")  # Step 5
 
         held.check("GC")
-        collect_batch_garbage(self.store, self.layout, self.pipeline.retain_checkpoints)
+        collect_batch_garbage(
+            self.store, self.layout, self.pipeline.retain_checkpoints, self.collect_orphans
+        )
         laps.lap("gc")  # Step 6
         laps.seconds["total"] = laps.since_start()
 
@@ -345,6 +347,22 @@ class BatchRunner:
         publish(
             self.store, self.layout, self.pipeline, self.settings, manifest, crash_at, self._kafka
         )
+
+    # Step 6 ---------------------------------------------------------------------------
+    def collect_orphans(self, batches: Sequence[int]) -> None:
+        """Before old batches leave retention: each sink drops what losing attempts left."""
+        for sink in self.pipeline.all_sinks():
+            n = sink.collect_orphans(self.settings, batches)
+            if n:
+                log.info(
+                    "pipeline %s sink %s: deleted %d files of attempts that lost the commit "
+                    "of batches %s..%s",
+                    self.name,
+                    sink.name,
+                    n,
+                    batches[0],
+                    batches[-1],
+                )
 
     # Replays (a rewind outside a backfill) --------------------------------------------
     def replay_from(

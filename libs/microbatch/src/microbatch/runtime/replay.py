@@ -18,6 +18,7 @@ import logging
 from microbatch.checkpoint import Layout, Manifest, commit_manifest
 from microbatch.errors import ConfigError
 from microbatch.kafka import KafkaBrokerView
+from microbatch.runtime.faults import pause_if
 from microbatch.runtime.fence import Lease
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.publish import publish
@@ -95,6 +96,7 @@ def rewind(
     )
     held.check("the rewind's commit")
     commit_manifest(store, layout, manifest)
+    pause_if("after_rewind_commit", where)
     held.check("publishing the rewind")
     publish(store, layout, pipeline, settings, manifest)
     log.info("%s: committed checkpoint %s", where, manifest.checkpoint_id)

@@ -6,9 +6,17 @@ published mark — and staged Kafka output once it is published (a rerun's publi
 until then). Pending enrichment files go by reference, like state files: one no retained
 manifest names is deleted once no attempt can still be writing it (its batch is at most
 the newest); a rewind's copy keeps naming its source's file, which then stays.
+
+Before a batch's last objects go, each sink drops what attempts that lost the commit (a
+retry's twin, a fenced zombie) left of that batch in its own storage
+(:meth:`~microbatch.sinks.base.Sink.collect_orphans`): by then the batch has long been
+published, so the sink knows exactly which of its files count. A zombie that writes even
+later leaves an orphan no reader ever sees (readers follow the commits).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 from microbatch.checkpoint import Layout, collect_garbage
 from microbatch.runtime.publish import is_published
@@ -16,7 +24,14 @@ from microbatch.runtime.records import BatchRecord
 from microbatch.storage import ObjectStore
 
 
-def collect_batch_garbage(store: ObjectStore, layout: Layout, retain_checkpoints: int) -> None:
+def collect_batch_garbage(
+    store: ObjectStore,
+    layout: Layout,
+    retain_checkpoints: int,
+    before_dropping: Callable[[Sequence[int]], None] | None = None,
+) -> None:
+    """Apply retention; ``before_dropping(batch_ids)`` runs before the objects of those
+    (published, no longer retained) batches are deleted."""
     kept = collect_garbage(store, layout, retain_checkpoints)
     if not kept.retained:
         return
@@ -27,6 +42,8 @@ def collect_batch_garbage(store: ObjectStore, layout: Layout, retain_checkpoints
         if ref is not None:
             pending_in_use.add(ref.file)
     newest_published = None  # asked once, only if the newest batch's staging is listed
+    doomed: list[str] = []
+    dropped: set[int] = set()  # every published batch has a mark: those whose mark goes
     for prefix in layout.per_batch_prefixes():
         for key in store.list(prefix):
             batch = layout.batch_of(key)
@@ -45,4 +62,10 @@ def collect_batch_garbage(store: ObjectStore, layout: Layout, retain_checkpoints
                         continue
             elif batch >= oldest:
                 continue
-            store.delete(key)
+            doomed.append(key)
+            if prefix == layout.published:
+                dropped.add(batch)
+    if dropped and before_dropping is not None:
+        before_dropping(sorted(dropped))
+    for key in doomed:
+        store.delete(key)

@@ -110,6 +110,13 @@ class Sink(abc.ABC):
         still visible, read from the sink itself; empty for a sink that cannot retract."""
         return {}
 
+    def collect_orphans(self, settings: Settings, batches: Sequence[int]) -> int:
+        """Delete what attempts that lost the commit staged for ``batches`` (published
+        long ago, leaving retention) in the sink's own storage; returns how many objects
+        went. Nothing to do for a sink that stages next to the checkpoint (the runtime's
+        retention collects that) or whose output is a log (Kafka)."""
+        return 0
+
     def shared_storage_url(self) -> str | None:
         """Where stage-2 tasks write this sink's files, if outside the checkpoint store:
         on a real cluster it must be storage every executor reaches (S3)."""

@@ -114,6 +114,9 @@ class DeadLetterSink(Sink):
     def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
         return self.target.awaiting_replacement(settings, undone)
 
+    def collect_orphans(self, settings: Settings, batches: Sequence[int]) -> int:
+        return self.target.collect_orphans(settings, batches)
+
     def shared_storage_url(self) -> str | None:
         return self.target.shared_storage_url()
 

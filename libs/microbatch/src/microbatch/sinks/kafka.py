@@ -7,11 +7,15 @@ crash), and nothing on the broker remembers that a batch was already written. So
    Arrow file in the pipeline's checkpoint store, at a deterministic key per batch,
    sink and instance (a rerun rewrites the same bytes).
 2. **Publish** (after the commit, on the driver): one producer with the fixed
-   ``transactional.id`` ``microbatch.<pipeline>.<sink>``. ``init_transactions`` fences
-   any earlier producer of the pipeline (a crashed or stray run) and waits for its
-   transaction to complete or abort. Then it reads the *publish marker* — the committed
-   offset of consumer group ``microbatch.<pipeline>.<sink>.published`` on partition 0 of
-   the output topic, which holds ``last published batch + 1``. If the batch is already
+   ``transactional.id`` ``microbatch.<pipeline>.<sink>.<topic>`` (the topic in it, so two
+   pipelines of one name writing to different topics — test or demo namespaces — never
+   fence each other). ``init_transactions`` fences any earlier producer of the pipeline's
+   sink (a crashed run, a stalled zombie) and waits for its transaction to complete or
+   abort; a fenced zombie's commit then fails (:class:`~microbatch.errors.LeaseError`).
+   Then it reads the *publish marker* — the committed offset of consumer group
+   ``microbatch.<pipeline>.<sink>.published`` on partition 0 of the output topic, which
+   holds ``last published batch + 1`` (stable: ``init_transactions`` has just finished
+   the only transactions that move it). If the batch is already
    there, nothing is sent. Otherwise the staged messages and the new marker go in **one
    transaction** (``send_offsets_to_transaction``): a ``read_committed`` consumer sees the
    batch's messages exactly once, whatever crashes around it.
@@ -38,7 +42,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from microbatch.errors import SinkError
+from microbatch.errors import LeaseError, SinkError
 from microbatch.settings import Settings
 from microbatch.sinks.base import PublishContext, Sink, StageContext, Staged
 from microbatch.storage import ObjectStore
@@ -134,8 +138,8 @@ def load_messages(store: ObjectStore, staged: Sequence[Staged]) -> pa.Table:
     return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
 
-def transactional_id(pipeline: str, sink_name: str) -> str:
-    return f"microbatch.{pipeline}.{sink_name}"
+def transactional_id(pipeline: str, sink_name: str, topic: str) -> str:
+    return f"microbatch.{pipeline}.{sink_name}.{topic}"
 
 
 def marker_group(pipeline: str, sink_name: str) -> str:
@@ -208,7 +212,7 @@ def publish_messages(
     try:
         producer = KafkaProducer(
             bootstrap_servers=bootstrap_servers,
-            transactional_id=transactional_id(pipeline, sink_name),
+            transactional_id=transactional_id(pipeline, sink_name, topic),
             enable_idempotence=True,
             acks="all",
             linger_ms=5,
@@ -235,11 +239,23 @@ def publish_messages(
             f"{where}: adding the publish marker to the transaction",
             lambda: producer.send_offsets_to_transaction(marker, marker_group(pipeline, sink_name)),
         )
+        producer.flush()  # every message on the broker, inside the open transaction
+        from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
+
+        pause_if("in_kafka_transaction", where)
         producer.commit_transaction()
         return True
     except SinkError:
         raise
     except Exception as e:
+        from kafka.errors import InvalidProducerEpochError, ProducerFencedError
+
+        if isinstance(e, ProducerFencedError | InvalidProducerEpochError):
+            raise LeaseError(
+                f"{where}: batch {batch_id}'s transaction was fenced: a newer run of the "
+                "pipeline took over this sink (it publishes the batch, exactly once), so this "
+                "attempt stops without committing anything. Nothing to do."
+            ) from e
         raise SinkError(
             f"{where}: publishing batch {batch_id} failed: {e!r}. The checkpoint is "
             "committed; rerun the pipeline to publish it (the transaction guarantees once)."

@@ -64,6 +64,7 @@ __all__ = [
     "ParquetSink",
     "after_batch",
     "awaiting_replacement",
+    "collect_orphans",
     "commit_entries",
     "committed_batches",
     "publish_parquet",
@@ -115,6 +116,9 @@ class ParquetSink(Sink):
     def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
         return awaiting_replacement(open_store(self.url, settings), undone)
 
+    def collect_orphans(self, settings: Settings, batches: Sequence[int]) -> int:
+        return collect_orphans(open_store(self.url, settings), batches)
+
     def shared_storage_url(self) -> str | None:
         return self.url
 
@@ -123,9 +127,13 @@ class ParquetSink(Sink):
         return batches[-1] if batches else None
 
 
+def batch_prefix(batch_id: int) -> str:
+    return f"batch={batch_id:020d}/"
+
+
 def data_key(batch_id: int, instance: int, attempt: str = "") -> str:
     suffix = f"-{attempt}" if attempt else ""
-    return f"batch={batch_id:020d}/part-{instance:05d}{suffix}.parquet"
+    return f"{batch_prefix(batch_id)}part-{instance:05d}{suffix}.parquet"
 
 
 def commit_key(batch_id: int) -> str:
@@ -209,6 +217,23 @@ def _create_entry(store: ObjectStore, batch_id: int, body: dict[str, Any]) -> bo
     except AlreadyExistsError:
         return False
     return True
+
+
+def collect_orphans(store: ObjectStore, batches: Sequence[int]) -> int:
+    """Delete the files of published ``batches`` that their commit entry does not list:
+    parts of attempts that lost the commit. A batch without an entry (a rewind, a
+    reshard, a batch with no rows here) lists none."""
+    deleted = 0
+    for batch in batches:
+        try:
+            listed = set(json.loads(store.get(commit_key(batch)))["files"])
+        except ObjectNotFoundError:
+            listed = set()
+        for key in store.list(batch_prefix(batch)):
+            if key not in listed:
+                store.delete(key)
+                deleted += 1
+    return deleted
 
 
 def commit_entries(store: ObjectStore) -> dict[int, dict[str, Any]]:

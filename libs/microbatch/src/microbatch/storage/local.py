@@ -6,7 +6,9 @@ file and hard-links it to the target, which fails if the target exists, so of ma
 writers exactly one wins and the winner's content is complete when it becomes visible.
 The conditional ``replace``/``delete_if`` compare the content's MD5 (the tag, like S3's
 ETag) under an exclusive ``flock`` per key, so they are atomic across processes.
-Temporary and lock files carry a reserved name prefix and are never listed.
+Temporary and lock files carry a reserved name prefix and are never listed. Every rename
+or link is followed by an fsync of its folder, so an object (a committed manifest) that a
+call returned for survives a power loss.
 """
 
 from __future__ import annotations
@@ -57,11 +59,22 @@ class LocalFileStore:
             os.fsync(f.fileno())
         return tmp
 
+    @staticmethod
+    def _sync_dir(path: Path) -> None:
+        """Make a rename or link into ``path``'s directory durable: without it, a power
+        loss can forget an object (a committed manifest) whose bytes were synced."""
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         try:
             tmp = self._write_temp(path, data)
             os.replace(tmp, path)
+            self._sync_dir(path)
         except OSError as e:
             raise StorageError(f"put {self.url}/{key} failed: {e}") from e
 
@@ -73,6 +86,7 @@ class LocalFileStore:
             raise StorageError(f"create {self.url}/{key} failed: {e}") from e
         try:
             os.link(tmp, path)
+            self._sync_dir(path)
         except FileExistsError:
             raise AlreadyExistsError(f"{self.url}/{key} already exists") from None
         except OSError as e:
@@ -143,6 +157,7 @@ class LocalFileStore:
                 raise PreconditionFailedError(f"{self.url}/{key} is gone") from None
             try:
                 os.replace(self._write_temp(path, data), path)
+                self._sync_dir(path)
             except OSError as e:
                 raise StorageError(f"replace {self.url}/{key} failed: {e}") from e
         return _tag(data)
