@@ -5,9 +5,9 @@
 3. Produce more clicks (some of them late), run batch 1 at parallelism 3 in a separate
    process and **kill it** (SIGKILL) mid-way; rerun it.
 4. Once the partitions are idle, run a last batch: the watermark passes every session.
-5. Print a summary and an exactly-once check: the sessions in Parquet and in the Kafka
-   topic (``read_committed``) against a reference computed in plain Python from the
-   produced clicks — no duplicate, no missing session.
+5. Print a summary and an exactly-once check: the sessions in Parquet, in the Delta table
+   (read with deltalake) and in the Kafka topic (``read_committed``) against a reference
+   computed in plain Python from the produced clicks — no duplicate, no missing session.
 
 Everything lives under a fresh namespace per run (topics ``clicks-<run>`` ...,
 ``s3://<bucket>/demo-<run>/``), so the demo can run any number of times. Services this
@@ -118,7 +118,7 @@ def run_demo(
         reference_sessions,
     )
     from microbatch.runtime import BatchOptions, BatchRunner
-    from microbatch.sinks import read_parquet_sink
+    from microbatch.sinks import read_delta_sink, read_parquet_sink
     from microbatch.spark import spark_session
     from microbatch.storage import open_store
 
@@ -189,6 +189,7 @@ def run_demo(
         return (r["user_id"], r["session_start"])
 
     parquet = sorted(read_parquet_sink(f"{config.root}/sessions", settings).to_pylist(), key=key)
+    delta = sorted(read_delta_sink(f"{config.root}/sessions_delta", settings).to_pylist(), key=key)
     kafka = sorted(
         (json.loads(m.value) for m in read_topic(bootstrap, config.sessions_topic)), key=key
     )
@@ -228,6 +229,7 @@ def run_demo(
         )
     print(f"exactly-once check (reference: {len(expected):,} closed sessions, plain Python):")
     ok = check("Parquet (committed)", parquet) & check("Kafka (read_committed)", kafka)
+    ok &= check("Delta (deltalake)", delta)
     ok &= reasons.get("late", 0) == len(late)
     print(f"\n{'OK' if ok else 'MISMATCH'} in {time.monotonic() - t0:.0f} s  (log: {log})")
     return 0 if ok else 1

@@ -3,8 +3,9 @@
 JSON clicks ``{"user_id", "page", "ts"}`` from Kafka → enriched with the user's profile
 from an HTTP service (async I/O, retries) → keyed by user → sessions closed by a
 30-minute event-time inactivity gap (timers) → closed sessions
-``{"user_id", "session_start", "session_end", "clicks", "pages", "segment"}`` to Parquet
-and to a Kafka topic; malformed clicks go to the dead-letter topic.
+``{"user_id", "session_start", "session_end", "clicks", "pages", "segment"}`` to Parquet,
+to a Delta Lake table (``<root>/sessions_delta``) and to a Kafka topic; malformed clicks go
+to the dead-letter topic.
 
 :func:`reference_sessions` computes the expected sessions in plain Python, for the demo's
 exactly-once check.
@@ -31,6 +32,7 @@ from microbatch.runtime import (
     Pipeline,
     ProcessContext,
 )
+from microbatch.sinks import DeltaSink
 
 GAP_MS = 30 * 60 * 1000
 SESSION_SCHEMA = pa.schema(
@@ -251,6 +253,7 @@ def clickstream_pipeline(config: ClickstreamConfig = ClickstreamConfig()) -> Pip
         ),
         sinks=[
             ParquetSink("sessions", f"{config.root}/sessions", SESSION_SCHEMA),
+            DeltaSink("sessions_delta", f"{config.root}/sessions_delta", SESSION_SCHEMA),
             KafkaSink("sessions_topic", config.sessions_topic, key_field="user_id"),
         ],
         dead_letters=DeadLetterSink(topic=config.dead_letter_topic, max_ratio=0.2),

@@ -6,6 +6,7 @@ it (:mod:`microbatch.sinks.base`); the runtime never asks which kind a sink is.
 
 from microbatch.sinks.base import PublishContext, Sink, StageContext, Staged
 from microbatch.sinks.deadletters import DEAD_LETTER_SCHEMA, DEAD_LETTER_SINK, DeadLetterSink
+from microbatch.sinks.delta import DeltaSink, read_delta_sink
 from microbatch.sinks.kafka import KafkaSink, last_published, publish_messages
 from microbatch.sinks.parquet import ParquetSink, committed_batches, read_parquet_sink
 
@@ -13,6 +14,7 @@ __all__ = [
     "DEAD_LETTER_SCHEMA",
     "DEAD_LETTER_SINK",
     "DeadLetterSink",
+    "DeltaSink",
     "KafkaSink",
     "ParquetSink",
     "PublishContext",
@@ -22,5 +24,6 @@ __all__ = [
     "committed_batches",
     "last_published",
     "publish_messages",
+    "read_delta_sink",
     "read_parquet_sink",
 ]
