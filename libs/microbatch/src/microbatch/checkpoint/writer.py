@@ -50,6 +50,7 @@ class InstanceSnapshot:
     def acknowledge(self, backend: KeyedStateBackend) -> None:
         """Step 4: after the commit, the written key-groups are clean again."""
         backend.dirty.difference_update(self.written)
+        backend.dirty_keys = {k for k in backend.dirty_keys if k[0] not in self.written}
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready, for the trip from a Spark task to the driver."""

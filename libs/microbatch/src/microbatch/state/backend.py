@@ -3,7 +3,9 @@
 An instance owns a :class:`~microbatch.keygroups.KeyGroupRange`; all its state lives in
 per-key-group tables so a checkpoint can write (and a restore can read) whole key-groups,
 and so the backend knows *which* key-groups changed since the last checkpoint
-(``dirty``) — the basis of incremental checkpoints.
+(``dirty``) — the basis of incremental checkpoints — and which keys (``dirty_keys``: a
+change set at key granularity, for state that lives in sorted runs, :mod:`~microbatch.
+state.runs`).
 
 Layout: ``groups[kg][state_name][key_bytes]`` → for value state ``(value_bytes,
 expires_ms)``, for list state a list of those, for map state ``{field_bytes: (value_bytes,
@@ -15,7 +17,7 @@ map entry or timer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from microbatch.errors import StateError
@@ -66,6 +68,7 @@ class KeyedStateBackend:
         self.specs: dict[str, StateSpec] = {}
         self.timers = TimerQueue()
         self.dirty: set[int] = set()
+        self.dirty_keys: set[tuple[int, bytes]] = set()
         self._min_expiry: dict[int, int] = {}
         self.watermark: int | None = None
 
@@ -76,9 +79,10 @@ class KeyedStateBackend:
     def expiry_for(self, spec: StateSpec) -> int | None:
         return None if spec.ttl is None else self.now_ms() + int(spec.ttl * 1000)
 
-    def touch(self, kg: int, expires: int | None) -> None:
-        """Record a write in ``kg`` (and its earliest expiry, for pruning)."""
+    def touch(self, kg: int, key_bytes: bytes, expires: int | None) -> None:
+        """Record a write to ``key_bytes`` in ``kg`` (and its earliest expiry, for pruning)."""
         self.dirty.add(kg)
+        self.dirty_keys.add((kg, key_bytes))
         if expires is not None and expires < self._min_expiry.get(kg, expires + 1):
             self._min_expiry[kg] = expires
 
@@ -122,10 +126,12 @@ class KeyedStateBackend:
             raise StateError(f"timer timestamp must be an int (ms): {timestamp!r}")
         if self.timers.register(kg, key_bytes, timestamp):
             self.dirty.add(kg)
+            self.dirty_keys.add((kg, key_bytes))
 
     def delete_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
         if self.timers.delete(kg, key_bytes, timestamp):
             self.dirty.add(kg)
+            self.dirty_keys.add((kg, key_bytes))
 
     def advance_watermark(
         self, watermark: int, on_timer: Callable[[KeyContext, int], None] | None = None
@@ -141,6 +147,7 @@ class KeyedStateBackend:
         fired = []
         while (timer := self.timers.pop_due(watermark)) is not None:
             self.dirty.add(timer.key_group)
+            self.dirty_keys.add((timer.key_group, timer.key_bytes))
             fired.append(timer)
             if on_timer is not None:
                 key = decode_key(timer.key_bytes)
@@ -170,9 +177,11 @@ class KeyedStateBackend:
                     if not live:
                         del table[key_bytes]
                         self.dirty.add(kg)
+                        self.dirty_keys.add((kg, key_bytes))
                     elif live is not entry and len(live) != len(entry):
                         table[key_bytes] = live
                         self.dirty.add(kg)
+                        self.dirty_keys.add((kg, key_bytes))
                     exps = [e for e in exps if e is not None]
                     if exps:
                         new_min = min(exps) if new_min is None else min(new_min, *exps)
@@ -208,10 +217,42 @@ class KeyedStateBackend:
             add("", TIMER_KIND, key_bytes, None, None, None, ts)
         return rows
 
+    def export_key(self, kg: int, key_bytes: bytes) -> list[tuple[Any, ...]]:
+        """The rows of one key (every state and timer), without the key column, in the
+        order of :meth:`export_rows`; empty when the key has no state."""
+        out: list[tuple[Any, ...]] = []
+        for name, table in sorted(self.groups.get(kg, {}).items()):
+            entry = table.get(key_bytes)
+            if entry is None:
+                continue
+            kind = self.kinds[name]
+            if kind == "value":
+                out.append((name, kind, None, entry[0], entry[1], None))
+            elif kind == "list":
+                out += [(name, kind, None, value, exp, None) for value, exp in entry]
+            else:
+                out += [(name, kind, f, entry[f][0], entry[f][1], None) for f in sorted(entry)]
+        out += [("", TIMER_KIND, None, None, None, ts) for ts in self.timers.of_key(kg, key_bytes)]
+        return out
+
+    def import_key(self, kg: int, key_bytes: bytes, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Load one key's rows (as :meth:`export_key` gives them) into a key with no state
+        here yet: point access brings in just the keys a batch touches."""
+        columns = empty_rows()
+        for name, kind, field, value, exp, ts in rows:
+            for col, v in zip(
+                ROW_COLUMNS, (name, kind, key_bytes, field, value, exp, ts), strict=True
+            ):
+                columns[col].append(v)
+        self._add_rows(kg, columns)
+
     def import_rows(self, kg: int, rows: Rows) -> None:
         """Load the row form of ``kg`` (replacing what the backend held for it)."""
         self.groups.pop(kg, None)
         self.timers.drop_group(kg)
+        self._add_rows(kg, rows)
+
+    def _add_rows(self, kg: int, rows: Rows) -> None:
         columns = [rows[c] for c in ROW_COLUMNS]
         for name, kind, key_bytes, field, value, exp, ts in zip(*columns, strict=True):
             if kind == TIMER_KIND:

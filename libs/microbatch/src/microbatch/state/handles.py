@@ -34,7 +34,7 @@ class StateTables(Protocol):
 
     def expiry_for(self, spec: StateSpec) -> int | None: ...
 
-    def touch(self, kg: int, expires: int | None) -> None: ...
+    def touch(self, kg: int, key_bytes: bytes, expires: int | None) -> None: ...
 
     def declare(self, name: str, kind: Kind, ttl: float | None) -> StateSpec: ...
 
@@ -61,7 +61,7 @@ class _Handle:
         return expires is None or expires > self._backend.now_ms()
 
     def _touch(self, expires: int | None) -> None:
-        self._backend.touch(self._ctx.key_group, expires)
+        self._backend.touch(self._ctx.key_group, self._ctx.key_bytes, expires)
 
 
 class ValueState(_Handle):

@@ -1,0 +1,108 @@
+"""Point reads across runs: newest wins, only the needed blocks are fetched, a warm cache
+fetches nothing, a missing or corrupt run is an error naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from microbatch.errors import CheckpointError, StorageError
+from microbatch.state.blockcache import BlockCache, RunRef, lookup, scan
+from microbatch.state.runs import composite, encode_run
+from microbatch.storage import open_store
+from microbatch.storage.counting import CountingStore
+
+
+def put_run(store, name: str, entries, kgs=(0, 15)) -> RunRef:
+    data, index = encode_run(entries, block_bytes=512)
+    store.put(f"runs/{name}.arrow", data)
+    store.put(f"runs/{name}.index.arrow", index.to_bytes())
+    return RunRef(f"runs/{name}.arrow", f"runs/{name}.index.arrow", *kgs)
+
+
+def key(kg: int, n: int) -> bytes:
+    return composite(kg, f"user-{n:07d}".encode())
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CountingStore:
+    return CountingStore(open_store(str(tmp_path / "store")))
+
+
+@pytest.fixture
+def big(store) -> RunRef:
+    return put_run(
+        store, "big", [(key(kg, n), b"old-%d" % n) for kg in range(16) for n in range(2000)]
+    )
+
+
+def test_the_newest_run_wins_and_a_deletion_reads_as_none(store, big) -> None:
+    newer = put_run(store, "newer", [(key(3, 5), b"new"), (key(4, 6), None)])
+    found = lookup(
+        BlockCache(store), [newer, big], [key(3, 5), key(4, 6), key(5, 7), key(5, 99999)]
+    )
+    assert found == {key(3, 5): b"new", key(4, 6): None, key(5, 7): b"old-7"}
+
+
+def test_a_cold_read_of_a_few_keys_fetches_a_small_part_of_the_run(store, big) -> None:
+    cache = BlockCache(store)
+    total = len(store.inner.get(big.data))
+    wanted = [key(kg, n) for kg in range(16) for n in (17, 1017)]  # 32 of 32,000 keys
+
+    found = lookup(cache, [big], wanted)
+
+    assert len(found) == 32
+    assert cache.stats.blocks_fetched <= 32
+    index = len(store.inner.get(big.index))  # fetched once per run, then cached
+    assert cache.stats.bytes_fetched - index < 0.05 * total
+
+
+def test_a_warm_cache_fetches_nothing_again_even_in_a_new_process(store, big, tmp_path) -> None:
+    wanted = [key(kg, 42) for kg in range(16)]
+    first = BlockCache(store, tmp_path / "cache")
+    lookup(first, [big], wanted)
+    store.reset()
+
+    again = BlockCache(store, tmp_path / "cache")  # another task on the same machine
+    assert lookup(again, [big], wanted) == lookup(first, [big], wanted)
+    assert store.requests.total() == 0 and again.stats.blocks_hit > 0
+
+
+def test_a_run_serves_only_its_key_group_range(store, big) -> None:
+    clipped = RunRef(big.data, big.index, 0, 7)  # the other half belongs to another instance
+    assert lookup(BlockCache(store), [clipped], [key(3, 1), key(9, 1)]) == {key(3, 1): b"old-1"}
+
+
+def test_a_missing_run_is_an_error_naming_it(store, big) -> None:
+    gone = RunRef("runs/gone.arrow", "runs/gone.index.arrow", 0, 15)
+    with pytest.raises(CheckpointError, match=r"runs/gone.index.arrow cannot be read"):
+        lookup(BlockCache(store), [gone, big], [key(1, 1)])
+
+
+def test_a_corrupt_cached_block_is_an_error_not_an_empty_state(store, big, tmp_path) -> None:
+    cache = BlockCache(store, tmp_path / "cache")
+    lookup(cache, [big], [key(2, 2)])
+    blocks = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.name != "index"]
+    for p in blocks:
+        p.write_bytes(p.read_bytes()[:-3])
+
+    with pytest.raises(CheckpointError, match=r"runs/big.arrow block \d+: checksum mismatch"):
+        lookup(BlockCache(store, tmp_path / "cache"), [big], [key(2, 2)])
+
+
+def test_a_cache_folder_that_cannot_be_written_fails_naming_it(store, tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StorageError, match=f"{blocker}/cache is not writable"):
+        BlockCache(store, blocker / "cache")
+
+
+def test_a_range_scan_reads_only_overlapping_blocks_and_the_newest_entries(store, big) -> None:
+    newer = put_run(store, "newer", [(key(3, 5), b"new"), (key(3, 6), None)])
+    cache = BlockCache(store)
+
+    got = scan(cache, [newer, big], key(3, 0), key(3, 10))
+
+    assert got == [(key(3, n), b"new" if n == 5 else b"old-%d" % n) for n in range(10) if n != 6]
+    assert cache.stats.blocks_fetched <= 3  # a block or two of the big run, one of the new
