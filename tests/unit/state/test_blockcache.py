@@ -106,3 +106,19 @@ def test_a_range_scan_reads_only_overlapping_blocks_and_the_newest_entries(store
 
     assert got == [(key(3, n), b"new" if n == 5 else b"old-%d" % n) for n in range(10) if n != 6]
     assert cache.stats.blocks_fetched <= 3  # a block or two of the big run, one of the new
+
+
+def test_decoded_blocks_stay_in_memory_within_the_bound(store, big) -> None:
+    wanted = [key(kg, n) for kg in range(16) for n in range(0, 2000, 97)]
+    roomy = BlockCache(store)
+    first = lookup(roomy, [big], wanted)
+    decoded = roomy.stats.blocks_decoded
+
+    assert lookup(roomy, [big], wanted) == first
+    assert roomy.stats.blocks_decoded == decoded  # the second time, nothing to decode
+
+    tight = BlockCache(store, memory_bytes=20_000)  # a block or two
+    assert lookup(tight, [big], wanted) == first
+    assert lookup(tight, [big], wanted) == first
+    assert tight.stats.blocks_decoded > 1.9 * decoded  # evicted, decoded again
+    assert tight._decoded_size <= 20_000 or len(tight._decoded) == 1

@@ -16,13 +16,14 @@ import dataclasses
 import hashlib
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from microbatch.errors import CheckpointError, StorageError
-from microbatch.state.runs import Entry, RunIndex, composite, decode_block, merge
+from microbatch.state.runs import Entry, RunIndex, composite, decode_batch, merge
 from microbatch.storage import ObjectStore
 
 #: Ranged GETs in flight per lookup: enough to hide S3 latency on a cold cache.
@@ -57,18 +58,33 @@ class CacheStats:
     bytes_fetched: int = 0
     blocks_hit: int = 0
     blocks_fetched: int = 0
+    blocks_decoded: int = 0
+
+
+#: Decoded blocks kept in memory per process (a reused Spark Python worker keeps them
+#: between batches), roughly in bytes of keys and values plus per-entry overhead.
+MEMORY_BYTES = 256 << 20
+_ENTRY_OVERHEAD = 120  # a dict slot and two bytes objects, about
+
+Decoded = dict[bytes, "bytes | None"]
 
 
 class BlockCache:
-    """Indexes and blocks of the runs in ``store``, fetched on demand and kept in
-    ``directory`` (None: in memory for this process only)."""
+    """Indexes and blocks of the runs in ``store``, in three tiers: decoded blocks in
+    memory (at most ``memory_bytes``, least recently used go first), raw blocks in
+    ``directory`` on local disk (None: none), and the store itself."""
 
-    def __init__(self, store: ObjectStore, directory: Path | None = None) -> None:
+    def __init__(
+        self, store: ObjectStore, directory: Path | None = None, memory_bytes: int = MEMORY_BYTES
+    ) -> None:
         self.store = store
         self.directory = directory
+        self.memory_bytes = memory_bytes
         self.stats = CacheStats()
         self._indexes: dict[str, RunIndex] = {}
-        self._memory: dict[tuple[str, str], bytes] = {}
+        self._decoded: OrderedDict[tuple[str, int], tuple[Decoded, int]] = OrderedDict()
+        self._decoded_size = 0
+        self._dirs: dict[str, str] = {}
         if directory is not None:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
@@ -91,13 +107,49 @@ class BlockCache:
             found = self._indexes[ref.index] = RunIndex.from_bytes(data, f"run {ref.data}")
         return found
 
+    def entries(self, ref: RunRef, numbers: Iterable[int]) -> dict[int, Decoded]:
+        """Blocks ``numbers`` of run ``ref`` decoded: sort key → value, in key order."""
+        out: dict[int, Decoded] = {}
+        raw_needed = []
+        for n in numbers:
+            hit = self._decoded.get((ref.data, n))
+            if hit is None:
+                raw_needed.append(n)
+            else:
+                self._decoded.move_to_end((ref.data, n))
+                out[n] = hit[0]
+        if raw_needed:
+            index = self.index(ref)
+            for n, data in self.blocks(ref, raw_needed).items():
+                batch = decode_batch(
+                    data, index.blocks[n], f"run {self.store.url}/{ref.data} block {n}"
+                )
+                kgs = batch.column(0).to_pylist()
+                keys = batch.column(1).to_pylist()
+                values = batch.column(2).to_pylist()
+                decoded = {
+                    kg.to_bytes(2, "big") + k: v for kg, k, v in zip(kgs, keys, values, strict=True)
+                }
+                size = batch.nbytes + _ENTRY_OVERHEAD * batch.num_rows
+                self._remember((ref.data, n), decoded, size)
+                self.stats.blocks_decoded += 1
+                out[n] = decoded
+        return out
+
+    def _remember(self, slot: tuple[str, int], decoded: Decoded, size: int) -> None:
+        self._decoded[slot] = (decoded, size)
+        self._decoded_size += size
+        while self._decoded_size > self.memory_bytes and len(self._decoded) > 1:
+            _, (_, dropped) = self._decoded.popitem(last=False)
+            self._decoded_size -= dropped
+
     def blocks(self, ref: RunRef, numbers: Iterable[int]) -> dict[int, bytes]:
-        """The bytes of blocks ``numbers`` of run ``ref``, checked against its index."""
+        """The raw bytes of blocks ``numbers`` of run ``ref`` (local disk, else the store)."""
         index = self.index(ref)
         out: dict[int, bytes] = {}
         missing = []
         for n in numbers:
-            data = self._cached(ref.data, f"{n}")
+            data = self._cached(ref.data, str(n))
             if data is None:
                 missing.append(n)
             else:
@@ -111,7 +163,7 @@ class BlockCache:
 
             with ThreadPoolExecutor(min(FETCH_THREADS, len(missing))) as pool:
                 for n, data in pool.map(fetch, missing):
-                    self._keep(ref.data, f"{n}", data)
+                    self._keep(ref.data, str(n), data)
                     out[n] = data
                     self.stats.blocks_fetched += 1
         return out
@@ -128,28 +180,32 @@ class BlockCache:
         self.stats.bytes_fetched += len(data)
         return data
 
-    def _path(self, key: str, part: str) -> Path:
-        assert self.directory is not None
-        digest = hashlib.sha256(f"{self.store.url}/{key}".encode()).hexdigest()[:32]
-        return self.directory / digest[:2] / digest / part
+    def _dir(self, key: str) -> str:
+        found = self._dirs.get(key)
+        if found is None:
+            digest = hashlib.sha256(f"{self.store.url}/{key}".encode()).hexdigest()[:32]
+            found = self._dirs[key] = os.path.join(str(self.directory), digest[:2], digest)
+        return found
 
     def _cached(self, key: str, part: str) -> bytes | None:
         if self.directory is None:
-            return self._memory.get((key, part))
+            return None
         try:
-            return self._path(key, part).read_bytes()
+            with open(os.path.join(self._dir(key), part), "rb") as f:
+                return f.read()
         except FileNotFoundError:
             return None
 
     def _keep(self, key: str, part: str, data: bytes) -> None:
         if self.directory is None:
-            self._memory[key, part] = data
             return
-        path = self._path(key, part)
+        folder = self._dir(key)
+        path = os.path.join(folder, part)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{part}-{uuid.uuid4().hex}")
-            tmp.write_bytes(data)
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, f".{part}-{uuid.uuid4().hex}")
+            with open(tmp, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)  # concurrent tasks write the same bytes: either wins
         except OSError as e:
             raise StorageError(
@@ -172,15 +228,13 @@ def lookup(
         mine = sorted(k for k in wanted if lo <= k < hi)  # the part of the run it serves
         if not mine:
             continue
-        index = cache.index(ref)
-        candidates = index.blocks_for(mine)
-        blocks = cache.blocks(ref, sorted(candidates))
+        candidates = cache.index(ref).blocks_for(mine)
+        decoded = cache.entries(ref, candidates)
         for n, keys in candidates.items():
-            where = f"run {cache.store.url}/{ref.data} block {n}"
-            entries = dict(decode_block(blocks[n], index.blocks[n], where))
+            block = decoded[n]
             for k in keys:
-                if k in entries:
-                    found[k] = entries[k]
+                if k in block:
+                    found[k] = block[k]
                     wanted.discard(k)
     return found
 
@@ -195,16 +249,9 @@ def scan(cache: BlockCache, runs: Sequence[RunRef], lo: bytes, hi: bytes) -> lis
         hi_ref = min(hi, composite(ref.kg_last + 1, b""))
         if lo_ref >= hi_ref:
             continue
-        index = cache.index(ref)
-        numbers = index.blocks_between(lo_ref, hi_ref)
-        blocks = cache.blocks(ref, numbers)
-        entries: list[Entry] = []
-        for n in numbers:
-            where = f"run {cache.store.url}/{ref.data} block {n}"
-            entries += [
-                e
-                for e in decode_block(blocks[n], index.blocks[n], where)
-                if lo_ref <= e[0] < hi_ref
-            ]
-        per_run.append(entries)
+        numbers = cache.index(ref).blocks_between(lo_ref, hi_ref)
+        decoded = cache.entries(ref, numbers)
+        per_run.append(
+            [(k, v) for n in numbers for k, v in decoded[n].items() if lo_ref <= k < hi_ref]
+        )
     return list(merge(per_run, keep_deletions=False))

@@ -1,0 +1,243 @@
+"""Window aggregations: a batch's rows reduced column-wise, merged into what earlier
+batches left, finished when the window closes.
+
+Each aggregation is three steps, so a window can span any number of batches:
+
+1. **partial** — one batch's rows of one (key, window), reduced by an Arrow group-by in
+   C++ (``sum``, ``count_all``, ``min``, ``max``, ``first``, ``last``, ``list``), or by the
+   user's ``add`` for a :class:`Custom` aggregate (the only per-record Python);
+2. **merge** — the partial kept in window state (older) with the batch's (newer);
+3. **result** — the output value once the window is emitted.
+
+Partials are plain data (ints, floats, lists, tuples), so they live in keyed state as they
+are. ``first`` and ``last`` are by event time, ties by source order (topic, partition,
+offset): the same input gives the same output however it was split into batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from microbatch.errors import ConfigError
+
+#: Columns the window operator adds before aggregating (see :func:`partials`).
+KEY, START, TS, ORDER = "__key", "__window_start", "__ts", "__order"
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregate:
+    """One output column of a window."""
+
+    name: str
+    column: str | None = None
+
+    def needs(self) -> list[tuple[str, str]]:
+        """(column, Arrow hash aggregate) pairs this aggregation reads from the group-by."""
+        raise NotImplementedError
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        """The batch's partial from its group-by output row."""
+        raise NotImplementedError
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        raise NotImplementedError
+
+    def result(self, partial: Any) -> Any:
+        return partial
+
+    def _col(self, fn: str) -> str:
+        return f"{self.column}_{fn}"
+
+
+class Count(Aggregate):
+    def needs(self) -> list[tuple[str, str]]:
+        return [(TS, "count")]  # TS is never null: every row counts
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return row[f"{TS}_count"]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return older + newer
+
+
+class Sum(Aggregate):
+    def needs(self) -> list[tuple[str, str]]:
+        return [(str(self.column), "sum")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return row[self._col("sum")]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return newer if older is None else older if newer is None else older + newer
+
+
+class Min(Aggregate):
+    def needs(self) -> list[tuple[str, str]]:
+        return [(str(self.column), "min")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return row[self._col("min")]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return newer if older is None else older if newer is None else min(older, newer)
+
+
+class Max(Aggregate):
+    def needs(self) -> list[tuple[str, str]]:
+        return [(str(self.column), "max")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return row[self._col("max")]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return newer if older is None else older if newer is None else max(older, newer)
+
+
+class Mean(Aggregate):
+    """Partial: [sum, count of non-null values]."""
+
+    def needs(self) -> list[tuple[str, str]]:
+        return [(str(self.column), "sum"), (str(self.column), "count")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return [row[self._col("sum")] or 0, row[self._col("count")]]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return [older[0] + newer[0], older[1] + newer[1]]
+
+    def result(self, partial: Any) -> Any:
+        return partial[0] / partial[1] if partial[1] else None
+
+
+class First(Aggregate):
+    """Partial: [event time, source order, value] of the earliest record."""
+
+    def needs(self) -> list[tuple[str, str]]:
+        return [(TS, "first"), (ORDER, "first"), (str(self.column), "first")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return [row[f"{TS}_first"], row[f"{ORDER}_first"], row[self._col("first")]]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return older if tuple(older[:2]) <= tuple(newer[:2]) else newer
+
+    def result(self, partial: Any) -> Any:
+        return partial[2]
+
+
+class Last(Aggregate):
+    """Partial: [event time, source order, value] of the latest record."""
+
+    def needs(self) -> list[tuple[str, str]]:
+        return [(TS, "last"), (ORDER, "last"), (str(self.column), "last")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return [row[f"{TS}_last"], row[f"{ORDER}_last"], row[self._col("last")]]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return newer if tuple(newer[:2]) >= tuple(older[:2]) else older
+
+    def result(self, partial: Any) -> Any:
+        return partial[2]
+
+
+class Collect(Aggregate):
+    """Partial: [[event time, source order, value], ...]; the result is the values in
+    event-time order."""
+
+    def needs(self) -> list[tuple[str, str]]:
+        return [(TS, "list"), (ORDER, "list"), (str(self.column), "list")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        return [
+            list(e)
+            for e in zip(
+                row[f"{TS}_list"], row[f"{ORDER}_list"], row[self._col("list")], strict=True
+            )
+        ]
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return sorted(older + newer, key=lambda e: (e[0], e[1]))
+
+    def result(self, partial: Any) -> Any:
+        return [e[2] for e in partial]
+
+
+@dataclasses.dataclass(frozen=True)
+class Custom(Aggregate):
+    """A user aggregate: ``init() -> acc``, ``add(acc, value) -> acc`` per record (in
+    event-time order), ``merge(older, newer) -> acc``, ``result(acc) -> value``. The
+    accumulator must be plain data (it is stored in keyed state)."""
+
+    init: Callable[[], Any] | None = None
+    add: Callable[[Any, Any], Any] | None = None
+    combine: Callable[[Any, Any], Any] | None = None
+    finish: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        missing = [n for n in ("init", "add", "combine", "finish") if getattr(self, n) is None]
+        if missing:
+            raise ConfigError(f"custom window aggregate {self.name!r} needs {', '.join(missing)}")
+
+    def needs(self) -> list[tuple[str, str]]:
+        return [(str(self.column), "list")]
+
+    def partial(self, row: Mapping[str, Any]) -> Any:
+        acc = self.init()  # type: ignore[misc]
+        for value in row[self._col("list")]:
+            acc = self.add(acc, value)  # type: ignore[misc]
+        return acc
+
+    def merge(self, older: Any, newer: Any) -> Any:
+        return self.combine(older, newer)  # type: ignore[misc]
+
+    def result(self, partial: Any) -> Any:
+        return self.finish(partial)  # type: ignore[misc]
+
+
+def check_aggregates(aggregates: Sequence[Aggregate], columns: Sequence[str] | None) -> None:
+    """Refuse duplicate output names and (when the input columns are declared) unknown
+    columns, when the pipeline is built."""
+    names = [a.name for a in aggregates]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ConfigError(f"window aggregates with the same output name: {duplicated}")
+    for a in aggregates:
+        if not isinstance(a, Count) and not a.column:
+            raise ConfigError(f"window aggregate {a.name!r} needs a column")
+        if columns is not None and a.column is not None and a.column not in columns:
+            raise ConfigError(
+                f"window aggregate {a.name!r} reads column {a.column!r}, which the declared "
+                f"schema does not have (columns: {sorted(columns)})"
+            )
+
+
+def partials(table: pa.Table, aggregates: Sequence[Aggregate]) -> dict[tuple[Any, int], list[Any]]:
+    """One batch's partial of every aggregate per (key, window start). ``table`` has the
+    columns :data:`KEY`, :data:`START`, :data:`TS` (event time, ms), :data:`ORDER` (the
+    record's source order, comparable across batches) and the aggregated columns."""
+    needs = sorted({n for a in aggregates for n in a.needs()})
+    ordered = table.sort_by(
+        [(KEY, "ascending"), (START, "ascending"), (TS, "ascending"), (ORDER, "ascending")]
+    )
+    grouped = ordered.group_by([KEY, START], use_threads=False).aggregate(needs)  # keeps order
+    out: dict[tuple[Any, int], list[Any]] = {}
+    for row in grouped.to_pylist():
+        out[row[KEY], row[START]] = [a.partial(row) for a in aggregates]
+    return out
+
+
+def merge_partials(
+    aggregates: Sequence[Aggregate], older: Sequence[Any] | None, newer: Sequence[Any]
+) -> list[Any]:
+    if older is None:
+        return list(newer)
+    return [a.merge(o, n) for a, o, n in zip(aggregates, older, newer, strict=True)]
+
+
+def results(aggregates: Sequence[Aggregate], partial: Sequence[Any]) -> dict[str, Any]:
+    return {a.name: a.result(p) for a, p in zip(aggregates, partial, strict=True)}
