@@ -191,6 +191,11 @@ class Pipeline:
             raise ConfigError(
                 f"{where}: process must be a KeyedProcessFunction instance, got {self.process!r}"
             )
+        if getattr(self.process, "columnar", False) and self.event_time is None:
+            raise ConfigError(
+                f"{where}: windows need event time: set event_time=EventTime(field=...) to the "
+                "record field holding each record's time"
+            )
         if self.key_by is None:
             raise ConfigError(
                 f"{where}: key_by is missing; keyed state needs a key (a field name or a "

@@ -52,6 +52,7 @@ from microbatch.runtime.process import ProcessContext
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.stage_one import gc_paused, payload_decoder
 from microbatch.runtime.watermark import WatermarkState, advance
+from microbatch.runtime.windowed import run_windows
 from microbatch.settings import Settings
 from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
@@ -220,7 +221,7 @@ class StageTwo:
                 raw_value=detail.raw_value,
             )  # fmt: skip
 
-        # Step 2: process() per key.
+        # Step 2: process() per key (or, for windows, the whole batch's columns).
         recs = table.filter(pc.equal(table.column("kind"), RECORD))
         recs = recs.sort_by([(c, "ascending") for c in ("key", *SOURCE_ORDER)])
         cols = recs.select(["key", "key_group", "topic", "partition", "offset", "payload"])
@@ -230,6 +231,25 @@ class StageTwo:
         n = len(keys)
         stats["records"] = n
         decode = payload_decoder(pipeline)
+        if getattr(pipeline.process, "columnar", False):
+            emitted: list[Any] = []
+            stats.update(
+                run_windows(
+                    pipeline.process.operator,  # type: ignore[attr-defined]
+                    backend,
+                    [decode(p) for p in payloads],
+                    keys,
+                    list(zip(cols["topic"], cols["partition"], cols["offset"], strict=True)),
+                    recs.column("event_ts").to_pylist(),
+                    WatermarkState.from_json(self.event_time).watermark,
+                    watermark,
+                    emitted.append,
+                    dead_letter,
+                )
+            )
+            for rows in outputs.values():
+                rows.extend(emitted)
+            runs = []  # no per-key calls
         for i, j in runs:
             key_bytes, kg = keys[i], key_groups[i]
             records = [decode(p) for p in payloads[i:j]]

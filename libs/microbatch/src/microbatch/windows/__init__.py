@@ -5,8 +5,9 @@
 - :mod:`~microbatch.windows.aggregate`: aggregates as Arrow group-by partials that merge
   across batches.
 
-The window operator that runs these inside a batch (state, ``.final()`` / ``.updates()``,
-late records) is being built on top (issue #21).
+- :mod:`~microbatch.windows.operator`: one batch of open windows, emitted as they close;
+- :mod:`~microbatch.windows.api`: ``windows.tumbling("5m").count().sum("x").final()``, a
+  pipeline's ``process`` (stage 2 runs it column-wise: :mod:`microbatch.runtime.windowed`).
 """
 
 from microbatch.windows.aggregate import (
@@ -20,6 +21,7 @@ from microbatch.windows.aggregate import (
     Min,
     Sum,
 )
+from microbatch.windows.api import WindowedAggregation, hopping, session, tumbling
 from microbatch.windows.spec import Hopping, Session, Tumbling, WindowSpec, duration_ms
 
 __all__ = [
@@ -36,5 +38,9 @@ __all__ = [
     "Sum",
     "Tumbling",
     "WindowSpec",
+    "WindowedAggregation",
     "duration_ms",
+    "hopping",
+    "session",
+    "tumbling",
 ]

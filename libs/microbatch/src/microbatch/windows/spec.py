@@ -29,9 +29,9 @@ _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 Duration = str | int | dt.timedelta
 
 
-def duration_ms(what: str, value: Duration) -> int:
+def duration_ms(what: str, value: Duration, *, allow_zero: bool = False) -> int:
     """``"5m"``, ``"30s"``, ``"250ms"``, ``"1h"``, ``"1d"``, a ``timedelta`` or whole ms, as
-    a positive number of milliseconds."""
+    a positive number of milliseconds (or zero, with ``allow_zero``)."""
     if isinstance(value, dt.timedelta):
         ms = value / dt.timedelta(milliseconds=1)
         if ms != int(ms):
@@ -46,7 +46,7 @@ def duration_ms(what: str, value: Duration) -> int:
             f"{what} must be a duration like '5m', '30s', '250ms', '1h', '1d', a timedelta "
             f"or milliseconds: {value!r}"
         )
-    if ms <= 0:
+    if ms < 0 or (ms == 0 and not allow_zero):
         raise ConfigError(f"{what} must be positive: {value!r}")
     return ms
 
