@@ -42,12 +42,14 @@ tools:
 
 venv: $(STAMP) $(BYTECODE)
 
-# Re-runs only when the lock or the library's metadata changed.
-$(STAMP): requirements.lock libs/microbatch/pyproject.toml | tools
+# Re-runs only when the lock or the library's or the provider's metadata changed.
+# plugins/ is also the provider distribution microbatch-airflow (plugins/pyproject.toml):
+# its entry points register the plugin, connection types and [microbatch] config.
+$(STAMP): requirements.lock libs/microbatch/pyproject.toml plugins/pyproject.toml | tools
 	@echo "==> Python environment (.venv) from requirements.lock"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock -e libs/microbatch
+	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock -e libs/microbatch -e plugins
 	@touch $@
 
 # Bytecode for everything installed and for the library, compiled once here: a process

@@ -46,6 +46,11 @@ USER airflow
 
 COPY --chown=airflow:root requirements.lock /opt/microbatch/requirements.lock
 COPY --chown=airflow:root libs/microbatch /opt/microbatch/libs/microbatch
+# The Airflow provider (plugins/pyproject.toml): its entry points register the plugin, the
+# connection types and the [microbatch] config. Installed as a package like the library;
+# the compose stack also mounts plugins/ as the plugins folder, whose scan skips it
+# (plugins/.airflowignore), so the plugin is registered once.
+COPY --chown=airflow:root plugins /opt/microbatch/providers/microbatch-airflow
 
 # `python3` is now the image's own interpreter (its virtualenv is gone), Python 3.11.
 # The library is installed as a package, not editable: executors (Spark image) and driver
@@ -58,6 +63,7 @@ RUN python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
         --python /home/airflow/.local/bin/python \
         -r /opt/microbatch/requirements.lock \
         /opt/microbatch/libs/microbatch \
+        /opt/microbatch/providers/microbatch-airflow \
         "psycopg2-binary==${PSYCOPG2_VERSION}" \
     && /home/airflow/.local/bin/uv pip check --python /home/airflow/.local/bin/python
 
@@ -105,4 +111,4 @@ USER airflow
 # Fail the build, not the first task, if the runtime is incomplete.
 RUN java -version \
     && spark-submit --version \
-    && python -c 'import airflow, microbatch, psycopg2, pyspark'
+    && python -c 'import airflow, microbatch, microbatch_airflow, psycopg2, pyspark'

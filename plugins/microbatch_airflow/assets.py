@@ -23,8 +23,10 @@ def pipeline_asset(pipeline: str) -> Any:
 
 
 def asset_event_extra(result: dict[str, Any]) -> dict[str, Any]:
-    """The event's ``extra``: batch id, records, lag and watermark of a committed batch."""
+    """The event's ``extra``: batch id, records, lag and watermark of a committed batch,
+    and the pipeline's checkpoint location and source topics (for the Microbatch page)."""
     lag = result.get("lag") or {}
+    lineage = result.get("lineage") or {}
     return {
         "pipeline": result.get("pipeline"),
         "batch_id": result.get("batch_id"),
@@ -36,4 +38,7 @@ def asset_event_extra(result: dict[str, Any]) -> dict[str, Any]:
         "lag_total": sum(lag.values()),
         "parallelism": result.get("parallelism"),
         "replayed": bool(result.get("replayed")),
+        # Where the Microbatch page reads the pipeline's checkpoints (it loads no job file).
+        "checkpoints": lineage.get("checkpoints"),
+        "topics": [d["name"] for d in lineage.get("inputs", [])],
     }

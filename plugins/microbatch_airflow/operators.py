@@ -174,6 +174,7 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
 
     template_fields: Sequence[str] = ("until", "run_id", "job_args", "env")
     ui_color = "#d7ecfb"
+    _result: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -268,6 +269,7 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
             self.log.info("  %s[%s] offsets [%s, %s)", r["topic"], r["partition"], r["from"],
                           r["until"])  # fmt: skip
         self.log.info("lag per partition: %s", result.get("lag"))
+        self._result = result  # for the OpenLineage provider, asked when the task ends
         if dry_run or result.get("status") != "committed":
             self.log.info("dry run: nothing committed, no asset event")
             self.outlets = []  # the task's asset outlets get no event for this run
@@ -275,6 +277,18 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = asset_event_extra(result)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The batch's lineage for Airflow's OpenLineage provider: the source topics in,
+        the sinks out, the batch as a run facet (:mod:`microbatch_airflow.lineage`). Read
+        from the result the job printed (this task's XCom when this operator object did
+        not run the batch itself); the job file is never loaded here."""
+        from microbatch_airflow.lineage import batch_lineage
+
+        result = self._result
+        if result is None and task_instance is not None:
+            result = task_instance.xcom_pull(task_ids=task_instance.task_id)
+        return batch_lineage(result)
 
     def _wait_for_the_lease(self, error: BaseException, lease_waits: int) -> None:
         """Defer to the triggerer for ``lease_wait_s``, then run the batch again; returns

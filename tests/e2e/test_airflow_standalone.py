@@ -257,10 +257,17 @@ def _backfill(standalone, start: dt.datetime, end: dt.datetime) -> list[dict]:
     """``airflow backfill create`` over the intervals starting at ``start``..``end``, as a
     user types it; waits for the backfill to complete. The batch results, in order."""
     standalone.settle(DAG_ID, margin_s=600)  # no scheduled run in the middle of it
-    created = standalone.cli(
-        "backfill", "create", "--dag-id", DAG_ID, "--from-date", start.isoformat(),
-        "--to-date", end.isoformat(), "--reprocess-behavior", "completed",
-    )  # fmt: skip
+    for _ in range(3):
+        created = standalone.cli(
+            "backfill", "create", "--dag-id", DAG_ID, "--from-date", start.isoformat(),
+            "--to-date", end.isoformat(), "--reprocess-behavior", "completed",
+        )  # fmt: skip
+        # SQLite (this test's Airflow database) refuses a writer at once, without waiting,
+        # when its read transaction would have to upgrade past another writer; the CLI's
+        # transaction then rolled back, so creating the backfill again is safe.
+        if created.returncode == 0 or "database is locked" not in created.stdout + created.stderr:
+            break
+        time.sleep(5)
     assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
     backfills = standalone.api("GET", f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
     backfill = max(backfills, key=lambda b: b["id"])

@@ -2,14 +2,16 @@
 
 One module-scoped run of four ``dag.test()`` calls in a fresh interpreter (Airflow's
 config never enters pytest): a committed batch, an idle run that is skipped, a dry run
-that commits nothing, and a trigger with a bad param. The Microbatch page is then served
-by Airflow's own API app, with its login enforced.
+that commits nothing, and a trigger with a bad param, with Airflow's OpenLineage provider
+writing its events to a file. The Microbatch page is then served by Airflow's own API app,
+with its login enforced.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -151,14 +153,25 @@ def pipeline_env(stack_settings, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dag_runs(pipeline_env, airflow_home, stack_settings):
+def lineage_file(tmp_path_factory) -> Path:
+    """Where the OpenLineage provider's file transport appends the runs' events."""
+    return tmp_path_factory.mktemp("openlineage") / "events.jsonl"
+
+
+@pytest.fixture(scope="module")
+def dag_runs(pipeline_env, airflow_home, stack_settings, lineage_file):
     config = pipeline_env["config"]
     code = (
         DAG_RUNS.replace("__DAGS__", repr(str(REPO / "dags")))
         .replace("__BOOTSTRAP__", repr(stack_settings.kafka_bootstrap_servers))
         .replace("__TOPIC__", repr(config.topic))
     )
-    proc = run_airflow_script(airflow_home, code, pipeline_env["env"])
+    transport = {"type": "file", "log_file_path": str(lineage_file), "append": True}
+    env = pipeline_env["env"] | {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "microbatch-e2e",
+    }
+    proc = run_airflow_script(airflow_home, code, env)
     return _result(proc), proc
 
 
@@ -220,6 +233,39 @@ def test_dry_run_param_plans_and_commits_nothing(dag_runs, pipeline_env, stack_s
     assert run["events"] == []
     store = open_store(f"{pipeline_env['config'].root}/checkpoints", stack_settings)
     assert list_checkpoints(store, Layout()) == [0]
+
+
+def test_openlineage_events_carry_the_topics_the_sinks_and_the_batch(
+    dag_runs, lineage_file, pipeline_env, stack_settings
+):
+    result, proc = dag_runs
+    config = pipeline_env["config"]
+    assert lineage_file.exists(), f"no OpenLineage event was written:\n{proc.stderr[-4000:]}"
+    events = [json.loads(line) for line in lineage_file.read_text().splitlines() if line]
+    batches = [
+        e for e in events if (e["job"]["name"], e["eventType"]) == ("clickstream.batch", "COMPLETE")
+    ]
+    by_status = {e["run"]["facets"]["microbatch_batch"]["status"]: e for e in batches}
+
+    assert set(by_status) == {"committed", "dry_run"}, [e["eventType"] for e in events]
+    committed = by_status["committed"]
+    assert committed["job"]["namespace"] == "microbatch-e2e"
+    kafka = f"kafka://{stack_settings.kafka_bootstrap_servers.split(',')[0]}"
+    assert [(d["namespace"], d["name"]) for d in committed["inputs"]] == [(kafka, config.topic)]
+    outputs = {(d["namespace"], d["name"]): d for d in committed["outputs"]}
+    bucket, _, prefix = config.root.removeprefix("s3://").partition("/")
+    assert (f"s3://{bucket}", f"{prefix}/sessions") in outputs
+    assert (kafka, config.sessions_topic) in outputs
+    assert (kafka, config.dead_letter_topic) in outputs
+    facet = committed["run"]["facets"]["microbatch_batch"]
+    xcom = result["committed"]["xcom"]
+    assert facet["batchId"] == facet["checkpointId"] == xcom["batch_id"] == 0
+    assert facet["recordsIn"] == xcom["records_in"] == pipeline_env["clicks"]
+    assert facet["checkpoints"] == f"{config.root}/checkpoints"
+    sessions = outputs[f"s3://{bucket}", f"{prefix}/sessions"]
+    assert sessions["outputFacets"]["outputStatistics"]["rowCount"] == xcom["outputs"]["sessions"]
+    dry = by_status["dry_run"]
+    assert dry["run"]["facets"]["microbatch_batch"]["batchId"] == 1 and dry["outputs"] == []
 
 
 def test_bad_param_is_refused_before_any_run(dag_runs):

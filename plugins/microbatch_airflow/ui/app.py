@@ -8,21 +8,21 @@ UI sets at login, validated by the configured auth manager), then asks the auth 
 whether that user may see the website. No credential → 401 (or, for a browser, a redirect
 to Airflow's login page); a bad or expired token → 401/403.
 
-Pipelines come from ``[microbatch] pipelines`` (``AIRFLOW__MICROBATCH__PIPELINES``):
-comma-separated job files (``jobs/clickstream.py``), relative to the folder above the
-plugins folder, or absolute; ``path.py:attr`` picks another attribute.
+The pipelines and their checkpoint locations come from Airflow's own records (each
+pipeline's asset and its newest event; ``[microbatch] pipelines`` adds or overrides
+``name=checkpoint_url`` pairs): :mod:`microbatch_airflow.ui.catalog`. The page never loads
+a job file, so no pipeline code runs in the API server.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
+from microbatch_airflow.ui.catalog import PipelineRef, configured_pipelines
 from microbatch_airflow.ui.data import kafka_end_offsets, pipeline_view
 from microbatch_airflow.ui.render import page
 
@@ -30,7 +30,6 @@ URL_PREFIX = "/microbatch"
 # Airflow's session cookie (base_auth_manager.COOKIE_NAME_JWT_TOKEN), named here so a
 # request without any credential is refused without importing Airflow's core.
 SESSION_COOKIE = "_token"
-DEFAULT_PIPELINES = "jobs/clickstream.py"
 
 
 class LoginRequired(Exception):
@@ -69,56 +68,39 @@ async def airflow_user(request: Request) -> Any:
     return user
 
 
-def configured_pipelines() -> list[str]:
-    """Job references from ``[microbatch] pipelines``, made absolute."""
-    from airflow.configuration import conf
-
-    raw = conf.get("microbatch", "pipelines", fallback="") or DEFAULT_PIPELINES
-    base = Path(conf.get("core", "plugins_folder")).resolve().parent
-    refs = []
-    for item in (part.strip() for part in raw.split(",")):
-        if not item:
-            continue
-        path, sep, attr = item.partition(":")
-        if path.endswith(".py") and not os.path.isabs(path):
-            path = str(base / path)
-        refs.append(path + sep + attr)
-    return refs
-
-
 def _default_settings() -> Any:
     from microbatch_airflow.connections import settings_from_airflow
 
     return settings_from_airflow()
 
 
-def collect(refs: Sequence[str], settings: Any, end_offsets: Any) -> list[dict[str, Any]]:
+def collect(refs: Sequence[PipelineRef], settings: Any, end_offsets: Any) -> list[dict[str, Any]]:
     """One view per pipeline; a pipeline that cannot be read shows its error instead."""
-    from microbatch_airflow.operators import load_job_pipeline
-
     views = []
     for ref in refs:
-        try:
-            pipeline = load_job_pipeline(ref, settings)
-        except Exception as exc:
-            views.append({"name": Path(ref.split(":")[0]).stem, "errors": [str(exc)[:500]]})
+        base = {
+            "name": ref.name,
+            "checkpoints_url": ref.checkpoints or "",
+            "topics": list(ref.topics),
+            "latest": None,
+        }
+        if ref.error is not None:
+            views.append(base | {"errors": [ref.error]})
+            continue
+        if ref.checkpoints is None:
+            views.append(base | {"errors": [], "note": "no committed batch yet"})
             continue
         try:
-            views.append(pipeline_view(pipeline, settings, end_offsets))
-        except Exception as exc:
             views.append(
-                {
-                    "name": pipeline.name,
-                    "checkpoints_url": pipeline.checkpoints,
-                    "topics": list(pipeline.source.topics),
-                    "errors": [f"cannot read checkpoints: {str(exc)[:500]}"],
-                }
+                pipeline_view(ref.name, ref.checkpoints, settings, end_offsets, ref.topics)
             )
+        except Exception as exc:
+            views.append(base | {"errors": [f"cannot read checkpoints: {str(exc)[:500]}"]})
     return views
 
 
 def create_app(
-    pipelines: Callable[[], Sequence[str]] = configured_pipelines,
+    pipelines: Callable[[], Sequence[PipelineRef]] = configured_pipelines,
     *,
     authenticate: Callable[[Request], Awaitable[Any]] = airflow_user,
     settings: Callable[[], Any] = _default_settings,

@@ -30,21 +30,28 @@ def fmt_ms(ms: int | None) -> str:
 
 
 def pipeline_view(
-    pipeline: Any, settings: Settings, end_offsets: EndOffsets, recent: int = RECENT
+    name: str,
+    checkpoints_url: str,
+    settings: Settings,
+    end_offsets: EndOffsets,
+    topics: Collection[str] = (),
+    recent: int = RECENT,
 ) -> dict[str, Any]:
-    """Checkpoints, lag, watermark, timings and state size per key-group of ``pipeline``."""
+    """Checkpoints, lag, watermark, timings and state size per key-group of the pipeline
+    whose checkpoints are at ``checkpoints_url``: stored facts only, no job file loaded
+    (``topics``: its source topics if known; else those of its newest checkpoint)."""
     from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
     from microbatch.runtime.records import BatchRecord, BatchStats
     from microbatch.storage import open_store
 
-    store = open_store(pipeline.checkpoints, settings)
+    store = open_store(checkpoints_url, settings)
     layout = Layout()
     ids = list_checkpoints(store, layout)
     view: dict[str, Any] = {
-        "name": pipeline.name,
-        "checkpoints_url": pipeline.checkpoints,
-        "topics": list(pipeline.source.topics),
-        "max_parallelism": pipeline.max_parallelism,
+        "name": name,
+        "checkpoints_url": checkpoints_url,
+        "topics": list(topics),
+        "max_parallelism": None,
         "checkpoints": [],
         "partitions": [],
         "timings": [],
@@ -79,6 +86,9 @@ def pipeline_view(
     view["timings"].reverse()
     latest = manifests[-1]
     latest_record = BatchRecord.of(latest)
+    view["max_parallelism"] = latest.max_parallelism
+    if not view["topics"]:
+        view["topics"] = sorted({tp.topic for tp in latest_record.offsets})
     view["latest"] = {
         "id": latest.checkpoint_id,
         "created_at": latest.created_at,

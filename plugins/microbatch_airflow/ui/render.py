@@ -118,7 +118,7 @@ def pipeline_section(view: Mapping[str, Any]) -> str:
     latest = view.get("latest")
     if latest is None:
         if not view.get("errors"):
-            out.append('<p class="muted">no checkpoint yet</p>')
+            out.append(f'<p class="muted">{escape(view.get("note") or "no checkpoint yet")}</p>')
         return "\n".join(out)
     total_lag = sum(p["lag"] or 0 for p in view["partitions"])
     out.append(
@@ -144,7 +144,8 @@ def page(views: Iterable[Mapping[str, Any]], user: str | None = None) -> str:
     nav = " · ".join(f'<a href="#{escape(v["name"])}">{escape(v["name"])}</a>' for v in views)
     who = f' <span class="muted">signed in as {escape(user)}</span>' if user else ""
     sections = "\n".join(pipeline_section(v) for v in views) or (
-        '<p class="muted">no pipelines configured: set [microbatch] pipelines</p>'
+        '<p class="muted">no pipelines yet: declare a DAG with microbatch_dag(), '
+        "or set [microbatch] pipelines</p>"
     )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Microbatch</title>'

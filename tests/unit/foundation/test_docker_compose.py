@@ -443,6 +443,18 @@ def test_images_install_the_lock_and_the_library_at_build_time(airflow_image, sp
                 )
 
 
+def test_the_airflow_image_installs_the_provider_with_the_lock(airflow_image):
+    stages = "\n".join(s.runs() for s in airflow_image.stages)
+    copies = [copy_paths(a) for s in airflow_image.stages for a in s.args("COPY")]
+    provider = [dest for sources, dest in copies if sources == ["plugins"]]
+    assert provider, f"{airflow_image.path.name} does not copy plugins/ (the provider distribution)"
+    install = re.search(r"uv pip install[^&]*-r \S*requirements\.lock[^&]*", stages)
+    assert install and provider[0] in install.group(0), (
+        f"{airflow_image.path.name} does not install the provider ({provider[0]}) with the lock"
+    )
+    assert "microbatch_airflow" in stages, "the image's final check does not import the provider"
+
+
 def test_the_spark_image_runs_the_locks_pyspark(spark_image, lock):
     text = spark_image.path.read_text()
 

@@ -1,9 +1,10 @@
 """The Microbatch page over real checkpoints (written with the checkpoint API on a local
-store, no Spark), and its refusal of requests without an Airflow login."""
+store, no Spark), and its refusal of requests without an Airflow login. The page knows a
+pipeline by its name and checkpoint location (``PipelineRef``), never by its job file:
+``tests/e2e/test_microbatch_page.py`` lists them from a real Airflow database."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,13 @@ from microbatch.keygroups import key_group, key_group_range, operator_index
 from microbatch.state import KeyedStateBackend
 from microbatch.storage import open_store
 from microbatch_airflow.ui.app import airflow_user, create_app
+from microbatch_airflow.ui.catalog import PipelineRef, merge, refs_from_config, refs_from_events
 from microbatch_airflow.ui.render import MAX_BARS, key_group_chart, page
 
 MAXP, P = 16, 2
 ENDS = {TopicPartition("clicks-ui", 0): 50, TopicPartition("clicks-ui", 1): 17}
 SECRET = "s3cr3t-never-shown"
 SETTINGS = Settings.from_env(env={}, s3_secret_access_key=SECRET)
-
-JOB = """
-from microbatch.examples.clickstream import ClickstreamConfig, clickstream_pipeline
-
-pipeline = clickstream_pipeline(ClickstreamConfig(root={root!r}, max_parallelism={maxp},
-                                                  topic="clicks-ui"))
-"""
 
 
 def write_batches(root: Path) -> None:
@@ -61,12 +56,10 @@ def write_batches(root: Path) -> None:
 
 
 @pytest.fixture
-def job_file(tmp_path: Path) -> str:
+def ref(tmp_path: Path) -> PipelineRef:
     root = tmp_path / "clickstream"
     write_batches(root)
-    path = tmp_path / "clickstream_job.py"
-    path.write_text(textwrap.dedent(JOB.format(root=str(root), maxp=MAXP)))
-    return str(path)
+    return PipelineRef("clickstream", f"{root}/checkpoints", ("clicks-ui",))
 
 
 async def signed_in(request: Request) -> str:
@@ -77,9 +70,9 @@ def end_offsets_from(ends: dict):
     return lambda settings: lambda tps: {tp: ends[tp] for tp in tps}
 
 
-def client(job_file: str, **kwargs) -> TestClient:
+def client(*refs: PipelineRef, **kwargs) -> TestClient:
     app = create_app(
-        lambda: [job_file],
+        lambda: list(refs),
         authenticate=kwargs.pop("authenticate", signed_in),
         settings=lambda: SETTINGS,
         end_offsets=kwargs.pop("end_offsets", end_offsets_from(ENDS)),
@@ -87,8 +80,8 @@ def client(job_file: str, **kwargs) -> TestClient:
     return TestClient(app)
 
 
-def test_page_shows_checkpoints_lag_watermark_timings_and_key_group_chart(job_file, tmp_path):
-    html = client(job_file).get("/").text
+def test_page_shows_checkpoints_lag_watermark_timings_and_key_group_chart(ref, tmp_path):
+    html = client(ref).get("/").text
 
     assert '<h2 id="clickstream">clickstream</h2>' in html
     assert "checkpoint <b>1</b>" in html
@@ -103,8 +96,8 @@ def test_page_shows_checkpoints_lag_watermark_timings_and_key_group_chart(job_fi
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
 
 
-def test_json_endpoint_returns_the_same_data(job_file):
-    views = client(job_file).get("/api/pipelines").json()
+def test_json_endpoint_returns_the_same_data(ref):
+    views = client(ref).get("/api/pipelines").json()
 
     (view,) = views
     assert [c["id"] for c in view["checkpoints"]] == [1, 0]
@@ -114,35 +107,62 @@ def test_json_endpoint_returns_the_same_data(job_file):
     assert sum(g["keys"] for g in view["key_groups"]) == 10
 
 
-def test_unreachable_kafka_still_shows_checkpoints_with_the_error(job_file):
+def test_unreachable_kafka_still_shows_checkpoints_with_the_error(ref):
     def broken(settings):
         def end_offsets(tps):
             raise ConnectionError("brokers at 127.0.0.1:1 unreachable")
 
         return end_offsets
 
-    html = client(job_file, end_offsets=broken).get("/").text
+    html = client(ref, end_offsets=broken).get("/").text
 
     assert "lag unavailable: brokers at 127.0.0.1:1 unreachable" in html
     assert "checkpoint <b>1</b>" in html
 
 
-def test_a_pipeline_that_cannot_load_shows_its_error(tmp_path):
-    html = client(str(tmp_path / "missing.py")).get("/").text
+def test_a_config_entry_that_is_a_job_file_shows_why_it_is_not_loaded():
+    (bad,) = refs_from_config("jobs/clickstream.py")
 
-    assert "missing" in html and "does not exist" in html
+    html = client(bad).get("/").text
+
+    assert "is not name=checkpoint_url" in html and "does not load job files" in html
 
 
-def test_no_secret_reaches_the_page_or_the_json(job_file):
-    c = client(job_file)
+def test_a_pipeline_without_a_committed_batch_is_listed_without_facts():
+    html = client(PipelineRef("fresh")).get("/").text
+
+    assert '<h2 id="fresh">fresh</h2>' in html and "no committed batch yet" in html
+
+
+def test_refs_come_from_asset_events_and_a_configured_location_wins(ref, tmp_path):
+    events = [
+        ("microbatch://clickstream", {"pipeline": "clickstream", "checkpoints": "s3://b/old",
+                                      "topics": ["clicks-ui"]}),
+        ("microbatch://fresh", None),
+        ("s3://not-a-pipeline/x", {"checkpoints": "s3://b/x"}),
+    ]  # fmt: skip
+
+    refs = merge(refs_from_events(events), refs_from_config(f"clickstream={ref.checkpoints}"))
+
+    assert refs == [ref, PipelineRef("fresh")]
+    views = client(*refs).get("/api/pipelines").json()
+    assert [(v["name"], v["latest"] and v["latest"]["id"]) for v in views] == [
+        ("clickstream", 1),
+        ("fresh", None),
+    ]
+    assert views[0]["max_parallelism"] == MAXP
+
+
+def test_no_secret_reaches_the_page_or_the_json(ref):
+    c = client(ref)
 
     assert SECRET not in c.get("/").text
     assert SECRET not in c.get("/api/pipelines").text
 
 
 @pytest.mark.parametrize("path", ["/", "/api/pipelines"])
-def test_requests_without_an_airflow_login_are_refused(job_file, path):
-    c = client(job_file, authenticate=airflow_user)
+def test_requests_without_an_airflow_login_are_refused(ref, path):
+    c = client(ref, authenticate=airflow_user)
 
     response = c.get(path, headers={"accept": "application/json"})
 

@@ -81,6 +81,7 @@ def _store(pipeline: Any, settings: Any) -> Any:
 
 def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch import metrics
+    from microbatch.datasets import pipeline_lineage
     from microbatch.runtime import BatchOptions, BatchRunner
     from microbatch.spark import spark_session
 
@@ -105,6 +106,7 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             session.append(spark_session(settings, app_name=f"microbatch-{pipeline.name}"))
         return session[0]
 
+    lineage = pipeline_lineage(pipeline, settings)  # what the batch reads and writes
     metrics.setup_from_env()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
     batch_metrics = metrics.BatchMetrics()
     results = []
@@ -117,7 +119,7 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             raise
         committed = batch.status == "committed" and batch_metrics.exporting
         batch_metrics.record(batch, _batch_stats(pipeline, settings, batch) if committed else None)
-        result = batch.to_json()
+        result = batch.to_json() | {"lineage": lineage}
         results.append(result)
         _progress(args, _run_line(result))
         if not args.json:  # for callers that parse the log (the Airflow operator)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from microbatch.checkpoint.layout import Layout
+from microbatch.datasets import DatasetRef
 from microbatch.settings import Settings
 from microbatch.storage import ObjectStore
 
@@ -116,6 +117,11 @@ class Sink(abc.ABC):
         went. Nothing to do for a sink that stages next to the checkpoint (the runtime's
         retention collects that) or whose output is a log (Kafka)."""
         return 0
+
+    def dataset(self, settings: Settings) -> DatasetRef | None:
+        """The dataset this sink writes, named for lineage (:mod:`microbatch.datasets`);
+        None for a sink whose output has no such name."""
+        return None
 
     def shared_storage_url(self) -> str | None:
         """Where stage-2 tasks write this sink's files, if outside the checkpoint store:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from microbatch.datasets import DatasetRef
 from microbatch.errors import ConfigError
 from microbatch.settings import Settings
 from microbatch.sinks.base import Awaiting, PublishContext, Sink, StageContext, Staged
@@ -119,6 +120,9 @@ class DeadLetterSink(Sink):
 
     def shared_storage_url(self) -> str | None:
         return self.target.shared_storage_url()
+
+    def dataset(self, settings: Settings) -> DatasetRef | None:
+        return self.target.dataset(settings)
 
     def last_published(self, settings: Settings, pipeline: str) -> int | None:
         return self.target.last_published(settings, pipeline)

@@ -71,6 +71,7 @@ from urllib.parse import quote, unquote, urlparse
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from microbatch.datasets import DatasetRef, url_dataset
 from microbatch.errors import ConfigError, SinkError
 from microbatch.settings import Settings
 from microbatch.sinks.base import (
@@ -190,6 +191,9 @@ class DeltaSink(Sink):
 
     def shared_storage_url(self) -> str | None:
         return self.table_uri
+
+    def dataset(self, settings: Settings) -> DatasetRef:
+        return url_dataset(self.table_uri)
 
     def last_published(self, settings: Settings, pipeline: str) -> int | None:
         return self.target(settings, pipeline).last_published()

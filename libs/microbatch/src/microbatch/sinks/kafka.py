@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from microbatch.datasets import DatasetRef, kafka_dataset
 from microbatch.errors import LeaseError, SinkError
 from microbatch.settings import Settings
 from microbatch.sinks.base import PublishContext, Sink, StageContext, Staged
@@ -99,6 +100,9 @@ class KafkaSink(Sink):
             load_messages(ctx.checkpoint_store, ctx.staged),
             ctx.settings.kafka_client_config(),
         )
+
+    def dataset(self, settings: Settings) -> DatasetRef:
+        return kafka_dataset(settings.kafka_bootstrap_servers, self.topic)
 
     def last_published(self, settings: Settings, pipeline: str) -> int | None:
         return last_published(
@@ -219,7 +223,10 @@ def publish_messages(
             **(client_config or {}),
         )
     except Exception as e:
-        raise SinkError(f"{where}: cannot create the transactional producer: {e}") from e
+        raise SinkError(
+            f"{where}: cannot create the transactional producer: {e}. The checkpoint is "
+            "committed; rerun the pipeline once the broker is reachable to publish it (once)."
+        ) from e
     try:
         # Fences zombies; completes or aborts their open transaction.
         _retrying(f"{where}: init_transactions", producer.init_transactions)

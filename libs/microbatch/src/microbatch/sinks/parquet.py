@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from microbatch.datasets import DatasetRef, url_dataset
 from microbatch.errors import ConfigError, SinkError
 from microbatch.settings import Settings
 from microbatch.sinks.base import (
@@ -121,6 +122,9 @@ class ParquetSink(Sink):
 
     def shared_storage_url(self) -> str | None:
         return self.url
+
+    def dataset(self, settings: Settings) -> DatasetRef:
+        return url_dataset(self.url)
 
     def last_published(self, settings: Settings, pipeline: str) -> int | None:
         batches = committed_batches(open_store(self.url, settings))
