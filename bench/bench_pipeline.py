@@ -37,8 +37,11 @@ both outputs and sum to ``--records``; the table says whether they match.
 Uses the broker at ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set (e.g. ``make stack``),
 else starts a Kafka broker on free loopback ports and stops it at the end.
 
+``--sink delta`` writes microbatch's counts to a Delta table (``DeltaSink``) instead of
+the Parquet sink: the end-to-end cost of the table sink, against the same reference.
+
     .venv/bin/python bench/bench_pipeline.py [--records 1000000 | --quick] [--repeat 1]
-        [--no-python-reader]
+        [--no-python-reader] [--sink parquet|delta]
 """
 
 from __future__ import annotations
@@ -122,14 +125,33 @@ def make_operator() -> AsyncOperator:
     )
 
 
-def make_pipeline(name: str, topic: str, root: Path, reader: str = "spark") -> Pipeline:
+def make_sink(root: Path, kind: str) -> Any:
+    """The microbatch pipeline's output: a Parquet sink, or (``--sink delta``) a Delta table."""
+    if kind == "delta":
+        from microbatch.sinks import DeltaSink
+
+        return DeltaSink("counts", str(root / "counts"), COUNT_SCHEMA)
+    return ParquetSink("counts", str(root / "counts"), COUNT_SCHEMA)
+
+
+def read_sink(root: Path, kind: str, settings: Settings) -> pa.Table:
+    if kind == "delta":
+        from microbatch.sinks import read_delta_sink
+
+        return read_delta_sink(str(root / "counts"), settings)
+    return read_parquet_sink(str(root / "counts"), settings)
+
+
+def make_pipeline(
+    name: str, topic: str, root: Path, reader: str = "spark", sink: str = "parquet"
+) -> Pipeline:
     return Pipeline(
         name=name,
         source=KafkaSource(topics=(topic,), starting="earliest", reader=reader),  # type: ignore[arg-type]
         enrich=Enrichment(make_operator),
         key_by="user_id",
         process=CountPerUser(),
-        sinks=[ParquetSink("counts", str(root / "counts"), COUNT_SCHEMA)],
+        sinks=[make_sink(root, sink)],
         checkpoints=str(root / "checkpoints"),
         max_parallelism=128,
         parallelism=PARALLELISM,
@@ -326,7 +348,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             log(f"warm-up (untimed): each engine over {args.warmup:,} records ...")
             for reader in ("spark", "python") if args.python_reader else ("spark",):
                 warm = make_pipeline(
-                    f"warm-{reader}-{tag}", warm_topic, work / f"w-{reader}", reader
+                    f"warm-{reader}-{tag}", warm_topic, work / f"w-{reader}", reader, args.sink
                 )
                 run_microbatch(spark, settings, warm)
             run_structured_streaming(spark, bootstrap, warm_topic, work / "w-ss")
@@ -335,7 +357,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             before, cpu = load(), spark_cpu_seconds(spark)
             log(f"[{i + 1}] microbatch ({reader} reader): one batch over the topic ({before}) ...")
             pipeline = make_pipeline(
-                f"bench-{reader}-{tag}-{i}", topic, work / f"{reader}{i}", reader
+                f"bench-{reader}-{tag}-{i}", topic, work / f"{reader}{i}", reader, args.sink
             )
             seconds, result = run_microbatch(spark, settings, pipeline)
             cpu = spark_cpu_seconds(spark) - cpu
@@ -375,10 +397,10 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             for k in range(len(measures)):
                 measures[(i + k) % len(measures)](i)
 
-        mb_counts = final_counts(read_parquet_sink(str(work / "spark0" / "counts"), settings))
+        mb_counts = final_counts(read_sink(work / "spark0", args.sink, settings))
         ss_counts = final_counts(pq.read_table(str(work / "ss0" / "counts")))
         py_counts = (
-            final_counts(read_parquet_sink(str(work / "python0" / "counts"), settings))
+            final_counts(read_sink(work / "python0", args.sink, settings))
             if args.python_reader
             else mb_counts
         )
@@ -442,6 +464,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20_000, help="records; 0: no warm-up")
     parser.add_argument("--empty-runs", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each engine; best counts")
+    parser.add_argument(
+        "--sink",
+        choices=("parquet", "delta"),
+        default="parquet",
+        help="microbatch's output: the Parquet sink, or a Delta table (DeltaSink)",
+    )
     parser.add_argument(
         "--no-python-reader",
         dest="python_reader",

@@ -2,6 +2,13 @@
 
 The asset is ``microbatch://<pipeline>`` (name ``microbatch.<pipeline>``). A DAG scheduled
 on it runs after each committed batch; the event's ``extra`` says which batch it was.
+
+The batch task also emits, through the asset alias ``microbatch.<pipeline>.outputs``, one
+event per output the batch wrote to: the sink's own URI — ``s3://bucket/path`` of a Delta
+table or Parquet folder, ``file:///path`` locally, ``kafka://broker/topic`` — so a DAG can
+be scheduled on the table it reads (``schedule=[Asset("s3://bucket/sessions")]``) without
+knowing which pipeline fills it. The URIs are known only when the job reports them, hence
+an alias rather than declared outlets.
 """
 
 from __future__ import annotations
@@ -13,6 +20,34 @@ ASSET_SCHEME = "microbatch"
 
 def asset_uri(pipeline: str) -> str:
     return f"{ASSET_SCHEME}://{pipeline}"
+
+
+def outputs_alias(pipeline: str) -> Any:
+    """The :class:`airflow.sdk.AssetAlias` the batch task adds its outputs' events to."""
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=f"{ASSET_SCHEME}.{pipeline}.outputs", group="microbatch")
+
+
+def output_uri(dataset: dict[str, Any]) -> str:
+    """An output's asset URI from its lineage dataset (``namespace`` + ``name``)."""
+    namespace, name = dataset["namespace"], dataset["name"]
+    if namespace == "file":
+        return f"file://{name}"
+    return f"{namespace}/{name}"
+
+
+def output_events(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(URI, extra) of each output a committed batch wrote rows to."""
+    written = result.get("outputs") or {}
+    events = []
+    for dataset in (result.get("lineage") or {}).get("outputs", []):
+        rows = written.get(dataset.get("sink"), 0)
+        if rows:
+            extra = {"pipeline": result.get("pipeline"), "batch_id": result.get("batch_id"),
+                     "sink": dataset["sink"], "rows": rows}  # fmt: skip
+            events.append((output_uri(dataset), extra))
+    return events
 
 
 def pipeline_asset(pipeline: str) -> Any:

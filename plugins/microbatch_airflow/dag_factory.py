@@ -74,7 +74,7 @@ def microbatch_dag(
     """
     from airflow.sdk import DAG
 
-    from microbatch_airflow.assets import pipeline_asset
+    from microbatch_airflow.assets import outputs_alias, pipeline_asset
     from microbatch_airflow.operators import MicrobatchBatchOperator, MicrobatchNewDataOperator
     from microbatch_airflow.params import batch_params
 
@@ -114,7 +114,7 @@ def microbatch_dag(
             task_id="batch",
             job=job,
             env=env,
-            outlets=[pipeline_asset(pipeline)],
+            outlets=[pipeline_asset(pipeline), outputs_alias(pipeline)],
             kafka_repeats_on_backfill=kafka_repeats_on_backfill,
             deferrable=deferrable,  # waits for another run's lease in the triggerer
             # Batches are ordered: a run's batch waits for the previous run's (succeeded or

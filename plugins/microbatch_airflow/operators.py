@@ -245,8 +245,10 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         return self._run_batch(context, lease_waits=lease_waits)
 
     def _run_batch(self, context: Any, lease_waits: int) -> dict[str, Any]:
+        from airflow.sdk import Asset, AssetAlias
+
         from microbatch.runner import run_job
-        from microbatch_airflow.assets import asset_event_extra
+        from microbatch_airflow.assets import asset_event_extra, output_events
 
         settings = self.task_settings()
         self.log.info("microbatch settings: %s", settings.redacted())
@@ -275,7 +277,11 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
             self.outlets = []  # the task's asset outlets get no event for this run
             return result
         for outlet in self.outlets:
-            context["outlet_events"][outlet].extra = asset_event_extra(result)
+            if isinstance(outlet, AssetAlias):  # the outputs' own URIs (assets.output_events)
+                for uri, extra in output_events(result):
+                    context["outlet_events"][outlet].add(Asset(uri=uri), extra=extra)
+            else:
+                context["outlet_events"][outlet].extra = asset_event_extra(result)
         return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

@@ -39,7 +39,7 @@ dag = bag.get_dag("clickstream")
 shape = {"errors": bag.import_errors, "tasks": sorted(dag.task_ids),
          "max_active_runs": dag.max_active_runs, "catchup": dag.catchup,
          "params": {k: dag.params.get_param(k).schema for k in dag.params},
-         "outlets": [a.uri for a in dag.get_task("batch").outlets],
+         "outlets": [getattr(a, "uri", None) or a.name for a in dag.get_task("batch").outlets],
          "retries": dag.get_task("batch").retries,
          "backoff": dag.get_task("batch").retry_exponential_backoff}
 
@@ -51,9 +51,14 @@ def summary(run):
         events = s.scalars(select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
                            .where(AssetModel.uri.like("microbatch://clickstream%"),
                                   AssetEvent.source_run_id == run.run_id)).all()
+        outputs = s.execute(select(AssetModel.uri, AssetEvent.extra)
+                            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                            .where(AssetModel.uri.not_like("microbatch://%"),
+                                   AssetEvent.source_run_id == run.run_id)).all()
         return {"state": str(run.state), "tasks": tasks,
                 "xcom": XComModel.deserialize_value(rows[0]) if rows else None,
-                "events": [e.extra for e in events]}
+                "events": [e.extra for e in events],
+                "output_events": sorted([uri, extra] for uri, extra in outputs)}
 
 import datetime as dt
 import time
@@ -189,7 +194,7 @@ def test_dagbag_imports_the_clickstream_dag_with_its_params(dag_runs):
         "title": "Parallelism",
         "description": "",
     }
-    assert shape["outlets"] == ["microbatch://clickstream/"]
+    assert shape["outlets"] == ["microbatch://clickstream/", "microbatch.clickstream.outputs"]
 
 
 def test_scheduled_shape_run_commits_a_batch_pushes_xcom_and_emits_an_asset_event(
@@ -208,6 +213,13 @@ def test_scheduled_shape_run_commits_a_batch_pushes_xcom_and_emits_an_asset_even
     (event,) = run["events"]
     assert event["batch_id"] == 0 and event["records_in"] == pipeline_env["clicks"]
     assert event["watermark"] == xcom["watermark"] and event["lag_total"] == 0
+    # Each output the batch wrote to got its own event, by the sink's URI (the asset alias).
+    by_sink = {extra["sink"]: uri for uri, extra in run["output_events"]}
+    written = {sink for sink, rows in xcom["outputs"].items() if rows}
+    assert set(by_sink) == written and written, run["output_events"]
+    for dataset in xcom["lineage"]["outputs"]:
+        if dataset["sink"] in written and dataset["namespace"].startswith("s3://"):
+            assert by_sink[dataset["sink"]] == f"{dataset['namespace']}/{dataset['name']}"
     output = proc.stdout + proc.stderr
     assert stack_settings.s3_secret_access_key not in output + json.dumps(result)
 
