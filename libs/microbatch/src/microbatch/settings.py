@@ -26,6 +26,10 @@ Variables (each maps to the field of the same name, lower-cased, without the pre
 - ``MICROBATCH_SPARK_MASTER``: Spark master URL (``local[*]``, ``spark://host:7077``,
   ``k8s://...``, ``yarn``); ``local[*]``
 - ``MICROBATCH_HOME``: local folder for downloaded jars and service data; ``./.local``
+- ``MICROBATCH_STATE_CACHE_DIR``: local folder where executors keep fetched state blocks
+  between batches (``off``: none); empty = ``microbatch-state-cache`` in the temp dir
+- ``MICROBATCH_STATE_CACHE_MEMORY_MB``: decoded state blocks kept in memory per Python
+  worker; ``256``
 
 S3 credentials, first that applies:
 
@@ -96,8 +100,20 @@ class Settings:
     s3_bucket: str = "microbatch"
     spark_master: str = "local[*]"
     home: str = ".local"
+    state_cache_dir: str = ""
+    state_cache_memory_mb: int = 256
 
     def __post_init__(self) -> None:
+        try:
+            memory = int(self.state_cache_memory_mb)
+        except (TypeError, ValueError):
+            memory = -1
+        if memory < 0:
+            raise ConfigError(
+                f"MICROBATCH_STATE_CACHE_MEMORY_MB={self.state_cache_memory_mb!r}: expected "
+                "a whole number of MiB (0 or more)"
+            )
+        object.__setattr__(self, "state_cache_memory_mb", memory)
         if not self.kafka_bootstrap_servers.strip():
             raise ConfigError(
                 "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS is empty: give at least one host:port"

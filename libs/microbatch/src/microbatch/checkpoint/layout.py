@@ -3,7 +3,9 @@
 ::
 
     <prefix>manifests/<id:020d>.json                       commit points, one per checkpoint
-    <prefix>state/<id:020d>/<instance:05d>-<attempt>.arrow  one state file per instance
+    <prefix>state/<id:020d>/<instance:05d>-<attempt>.run.arrow    an instance's run of a batch
+    <prefix>state/<id:020d>/<instance:05d>-<attempt>.index.arrow  ... and its block index
+    <prefix>state/<id:020d>/<instance:05d>-<attempt>.arrow  a state file (format 1)
     <prefix>plans/<id:020d>.json                           the offset ranges a batch reads
     <prefix>batches/<id:020d>.json                         the batch's run spec (parallelism)
     <prefix>pending/<id:020d>-<attempt>.arrow              enrichment inputs left unfinished
@@ -25,7 +27,8 @@ import uuid
 from microbatch.errors import CheckpointError
 
 _MANIFEST = re.compile(r"manifests/(\d{20})\.json$")
-_STATE = re.compile(r"state/(\d{20})/\d{5}-[0-9a-f]+\.arrow$")
+#: A format-1 state file, or a run's data (``.run.arrow``) or index (``.index.arrow``).
+_STATE = re.compile(r"state/(\d{20})/\d{5}-[0-9a-f]+(\.run|\.index)?\.arrow$")
 
 
 @dataclasses.dataclass(frozen=True)

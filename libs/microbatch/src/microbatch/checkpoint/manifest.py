@@ -1,11 +1,23 @@
 """The manifest: the single commit point of a checkpoint.
 
-A manifest maps every key-group to the byte range holding its state — ``(file, offset,
-length, crc32)`` plus its row and key counts — or to ``null`` when the key-group has no
-state. Entries of unchanged key-groups point at files of earlier checkpoints (that is
-what "incremental" means). ``metadata`` is a JSON object reserved for the other parts of
-a micro-batch (source offsets, pending async elements, watermark, sink transactions,
-stats); this module stores it and never interprets it.
+A manifest names every immutable state object the checkpoint consists of, in one of two
+layouts:
+
+- **sorted runs** (``format_version`` 2, what the runtime writes): ``runs`` lists run
+  refs (:class:`~microbatch.state.blockcache.RunRef`), each a run's data and index
+  objects and the key-groups it serves. For any key-group, the runs serving it appear newest
+  first, so "the first run holding a key wins"; each instance's part of the list is its
+  own stretch, which is why the driver can simply concatenate what the instances return.
+  ``key_counts`` has the number of keys with state per key-group (kept incrementally).
+  ``key_groups`` is all ``null``.
+- **one file per instance** (``format_version`` 1, read for migration): every key-group
+  maps to the byte range holding its state — ``(file, offset, length, crc32)`` plus its
+  row and key counts — or to ``null`` when it has no state. Entries of unchanged
+  key-groups point at files of earlier checkpoints.
+
+``metadata`` is a JSON object reserved for the other parts of a micro-batch (source
+offsets, pending async elements, watermark, sink transactions, stats); this module
+stores it and never interprets it.
 
 The JSON carries ``format_version`` (readers refuse versions they do not know) and a
 CRC-32 over its own canonical body, so a truncated or edited manifest is an error,
@@ -23,8 +35,12 @@ from typing import Any
 from microbatch.checkpoint.layout import check_checkpoint_id
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import check_max_parallelism, check_parallelism
+from microbatch.state.blockcache import RunRef
 
-MANIFEST_VERSION = 1
+#: Version 1: key-group byte ranges only; version 2: sorted runs.
+KEY_GROUP_FILES, SORTED_RUNS = 1, 2
+MANIFEST_VERSION = SORTED_RUNS
+READABLE_VERSIONS = (KEY_GROUP_FILES, SORTED_RUNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +72,26 @@ class Manifest:
     full_checkpoint_id: int
     created_at: str
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    format_version: int = MANIFEST_VERSION
+    #: Sorted runs (None: a version-1 manifest of key-group byte ranges).
+    runs: tuple[RunRef, ...] | None = None
+    #: Keys with state per key-group (sorted runs only).
+    key_counts: tuple[int, ...] | None = None
+    format_version: int = KEY_GROUP_FILES
 
     def __post_init__(self) -> None:
+        version = KEY_GROUP_FILES if self.runs is None else SORTED_RUNS
+        object.__setattr__(self, "format_version", version)
+        if self.runs is not None:
+            if any(e is not None for e in self.key_groups):
+                raise CheckpointError(
+                    f"checkpoint {self.checkpoint_id}: a manifest of sorted runs has no "
+                    "key-group byte ranges"
+                )
+            if self.key_counts is None or len(self.key_counts) != self.max_parallelism:
+                raise CheckpointError(
+                    f"checkpoint {self.checkpoint_id}: key_counts must have one count per "
+                    f"key-group ({self.max_parallelism})"
+                )
         check_checkpoint_id(self.checkpoint_id)
         check_parallelism(self.parallelism, check_max_parallelism(self.max_parallelism))
         if len(self.key_groups) != self.max_parallelism:
@@ -72,16 +105,26 @@ class Manifest:
                 f"{self.full_checkpoint_id} is in the future"
             )
 
+    @property
+    def is_runs(self) -> bool:
+        return self.runs is not None
+
     def files(self) -> set[str]:
-        """Every state file this manifest references."""
+        """Every state object this manifest references."""
+        if self.runs is not None:
+            return {k for r in self.runs for k in (r.data, r.index)}
         return {e.file for e in self.key_groups if e is not None}
 
     @property
     def total_bytes(self) -> int:
+        if self.runs is not None:
+            return sum({r.data: r.bytes for r in self.runs}.values())
         return sum(e.length for e in self.key_groups if e is not None)
 
     @property
     def total_keys(self) -> int:
+        if self.key_counts is not None:
+            return sum(self.key_counts)
         return sum(e.keys for e in self.key_groups if e is not None)
 
     def to_json(self) -> bytes:
@@ -99,10 +142,11 @@ class Manifest:
         if not isinstance(body, dict):
             raise CheckpointError(f"{where}: manifest is not a JSON object")
         version = body.get("format_version")
-        if version != MANIFEST_VERSION:
+        if version not in READABLE_VERSIONS:
             raise CheckpointError(
                 f"{where}: unknown manifest format_version {version!r} (this microbatch "
-                f"reads version {MANIFEST_VERSION}); upgrade microbatch to read it"
+                f"reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade "
+                "microbatch to read it"
             )
         checksum = body.pop("checksum", None)
         if checksum != zlib.crc32(_canonical(body)):
@@ -111,6 +155,10 @@ class Manifest:
             entries = tuple(
                 None if e is None else KeyGroupEntry(**e) for e in body.pop("key_groups")
             )
+            runs = body.pop("runs", None)
+            if runs is not None:
+                body["runs"] = tuple(RunRef.from_json(r) for r in runs)
+                body["key_counts"] = tuple(body.pop("key_counts"))
             return cls(key_groups=entries, **body)
         except (TypeError, KeyError) as e:
             raise CheckpointError(f"{where}: manifest has a bad field: {e}") from e
@@ -119,6 +167,11 @@ class Manifest:
 def _body(m: Manifest) -> dict[str, Any]:
     body = dataclasses.asdict(m)
     body["metadata"] = dict(m.metadata)
+    if m.runs is None:  # a version-1 manifest reads back byte for byte
+        del body["runs"], body["key_counts"]
+    else:
+        body["runs"] = [r.to_json() for r in m.runs]
+        body["key_counts"] = list(m.key_counts or ())
     return body
 
 

@@ -7,6 +7,11 @@ coalesced into one ranged GET (``max_gap=0``: only exactly adjacent ranges). Aft
 rescale from ``P`` to ``P'`` an instance's key-groups were written contiguously by at most
 a few old instances, so this is typically one GET per file it touches.
 
+A manifest of sorted runs is read through its runs instead: every key of the instance's
+key-groups, from the blocks that overlap them (:func:`~microbatch.checkpoint.runstate.
+load_range`). The runtime never restores an instance whole any more — a batch loads only
+the keys it touches — so this serves tools, tests and the migration of format 1.
+
 Every byte range is checked against the manifest's CRC-32 before it is decoded; a missing
 file, a short read or a mismatch is a :class:`CheckpointError` naming the checkpoint, the
 file and the key-group — never an empty state.
@@ -19,10 +24,12 @@ import time
 from collections.abc import Callable, Iterable
 
 from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest
+from microbatch.checkpoint.runstate import instance_runs, load_range
 from microbatch.checkpoint.statefile import decode_segment
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, key_group_range
 from microbatch.state.backend import KeyedStateBackend, Rows
+from microbatch.state.blockcache import BlockCache
 from microbatch.storage import ObjectNotFoundError, ObjectStore
 
 
@@ -94,6 +101,8 @@ def restore_groups(
     max_gap: int = 0,
 ) -> RestoreStats:
     """Load ``key_groups`` of ``manifest`` into ``backend``; return what it cost."""
+    if manifest.runs is not None:
+        return _restore_from_runs(store, manifest, backend, key_groups)
     reads = plan_reads(manifest, key_groups, max_gap)
     nbytes = own = groups = 0
     for read in reads:
@@ -110,6 +119,24 @@ def restore_groups(
             own += entry.length
             groups += 1
     return RestoreStats(len(reads), nbytes, groups, own)
+
+
+def _restore_from_runs(
+    store: ObjectStore, manifest: Manifest, backend: KeyedStateBackend, key_groups: Iterable[int]
+) -> RestoreStats:
+    cache = BlockCache(store)
+    groups = sorted(set(key_groups))
+    spans: list[list[int]] = []
+    for kg in groups:  # contiguous stretches, one scan each
+        if spans and kg == spans[-1][1] + 1:
+            spans[-1][1] = kg
+        else:
+            spans.append([kg, kg])
+    for first, last in spans:
+        runs = instance_runs(manifest, KeyGroupRange(first, last))
+        load_range(cache, runs, backend, first, last)
+    fetched = cache.stats.bytes_fetched
+    return RestoreStats(cache.stats.requests, fetched, len(groups), fetched)
 
 
 def _fetch(store: ObjectStore, manifest: Manifest, read: RangeRead) -> bytes:

@@ -12,18 +12,28 @@ processes them exactly as before, and writes one new run (:func:`write_changes`)
 whole state of every key it changed, a deletion for a key left without state, and the
 timer-index entries that changed. The cost of a batch follows the keys it touches; the
 state it does not touch is never read. See :mod:`microbatch.state.bundle` for the entries.
+
+When the size tiers say so (:mod:`microbatch.state.compaction`), the batch's changes are
+merged with the newest runs of the instance's range into one run instead
+(:func:`write_batch_run`): the next manifest names the merged run in their place, and the
+runs it replaced stay for the retained checkpoints that still name them, until GC.
+
+A manifest's runs serve every key-group newest first; :func:`instance_runs` gives an
+instance at any parallelism the runs overlapping its key-groups, clipped to them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from microbatch.checkpoint.layout import Layout
+from microbatch.checkpoint.manifest import Manifest
 from microbatch.keygroups import KeyGroupRange, key_group_of_bytes
 from microbatch.state import KeyedStateBackend
 from microbatch.state.blockcache import BlockCache, RunRef, lookup, scan
 from microbatch.state.bundle import (
+    STATE,
     decode_bundle,
     encode_bundle,
     parse_timer_key,
@@ -31,8 +41,12 @@ from microbatch.state.bundle import (
     timer_key,
     timers_until,
 )
-from microbatch.state.runs import Entry, encode_run
+from microbatch.state.compaction import runs_to_merge
+from microbatch.state.runs import Entry, composite, decode_batch, encode_run, merge, split
 from microbatch.storage import ObjectStore
+
+#: Blocks fetched at a time while a merge streams through a run.
+MERGE_CHUNK = 256
 
 
 @dataclasses.dataclass
@@ -42,6 +56,10 @@ class Loaded:
 
     timers: dict[tuple[int, bytes], set[int]] = dataclasses.field(default_factory=dict)
     keys_found: int = 0
+    #: The loaded keys that had state (for the key counts).
+    found: set[tuple[int, bytes]] = dataclasses.field(default_factory=set)
+    #: Key-group → keys with state gained (+) or lost (-), filled by changed_entries.
+    key_count_changes: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def load_keys(
@@ -65,6 +83,7 @@ def load_keys(
             rows = decode_bundle(value, f"run entry of key {kb!r} (key-group {kg})")
             backend.import_key(kg, kb, rows)
             loaded.keys_found += 1
+            loaded.found.add((kg, kb))
         loaded.timers[kg, kb] = set(backend.timers.of_key(kg, kb))
 
 
@@ -88,8 +107,13 @@ def load_due_timers(
 def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
     """The run entries for every key the batch changed, in sort-key order."""
     out: list[Entry] = []
+    changes = loaded.key_count_changes
     for kg, kb in backend.dirty_keys:
-        out.append((state_key(kg, kb), encode_bundle(backend.export_key(kg, kb))))
+        bundle = encode_bundle(backend.export_key(kg, kb))
+        out.append((state_key(kg, kb), bundle))
+        had = (kg, kb) in loaded.found
+        if had != (bundle is not None):
+            changes[kg] = changes.get(kg, 0) + (-1 if had else 1)
         now = set(backend.timers.of_key(kg, kb))
         before = loaded.timers.get((kg, kb), set())
         out += [(timer_key(kg, ts, kb), b"") for ts in now - before]
@@ -122,3 +146,108 @@ def write_changes(
     store.put(data_key, data)
     store.put(index_key, index.to_bytes())
     return RunRef(data_key, index_key, key_groups.start, key_groups.end)
+
+
+def instance_runs(manifest: Manifest | None, own: KeyGroupRange) -> list[RunRef]:
+    """The runs of ``manifest`` that serve key-groups of ``own``, clipped to them, newest
+    first: an instance's view at any parallelism (the rest of each run is never read)."""
+    if manifest is None or manifest.runs is None or own.is_empty:
+        return []
+    clipped = (ref.clipped(own.start, own.end) for ref in manifest.runs)
+    return [ref for ref in clipped if ref is not None]
+
+
+def size_in_range(cache: BlockCache, ref: RunRef) -> int:
+    """Bytes of the blocks of ``ref`` within the key-groups it serves (from its index)."""
+    index = cache.index(ref)
+    return sum(index.blocks[n].length for n in index.blocks_in_range(ref.kg_first, ref.kg_last))
+
+
+def iter_entries(cache: BlockCache, ref: RunRef) -> Iterator[Entry]:
+    """Every entry of ``ref`` in the key-groups it serves, deletions included, in order —
+    a chunk of blocks at a time, so a merge holds one chunk of each run in memory."""
+    index = cache.index(ref)
+    lo, hi = composite(ref.kg_first, b""), composite(ref.kg_last + 1, b"")
+    numbers = index.blocks_between(lo, hi)
+    for start in range(numbers.start, numbers.stop, MERGE_CHUNK):
+        chunk = range(start, min(start + MERGE_CHUNK, numbers.stop))
+        raw = cache.blocks(ref, chunk, keep=False)
+        for n in chunk:
+            batch = decode_batch(
+                raw[n], index.blocks[n], f"run {cache.store.url}/{ref.data} block {n}"
+            )
+            kgs = batch.column(0).to_pylist()
+            keys = batch.column(1).to_pylist()
+            values = batch.column(2).to_pylist()
+            for kg, k, v in zip(kgs, keys, values, strict=True):
+                sort_key = composite(kg, k)
+                if lo <= sort_key < hi:
+                    yield sort_key, v
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What an instance's checkpoint wrote: its runs for the next manifest (newest first),
+    the bytes it uploaded, and how many older runs a merge replaced."""
+
+    runs: tuple[RunRef, ...]
+    bytes_written: int
+    merged: int
+
+
+def write_batch_run(
+    store: ObjectStore,
+    layout: Layout,
+    cache: BlockCache,
+    view: Sequence[RunRef],
+    entries: Sequence[Entry],
+    batch_id: int,
+    instance: int,
+    attempt: str,
+    key_groups: KeyGroupRange,
+) -> Written:
+    """The batch's changes as one new run in front of ``view`` — or, when the size tiers
+    say so, merged with the newest runs of ``view`` into that one run (each byte is then
+    rewritten about once per tier). A batch without changes writes and merges nothing."""
+    if not entries:
+        return Written(tuple(view), 0, 0)
+    data, index = encode_run(entries)
+    take = runs_to_merge([len(data), *(size_in_range(cache, r) for r in view)]) - 1
+    if take > 0:
+        older = view[:take]
+        streams = [iter(entries), *(iter_entries(cache, r) for r in older)]
+        merged = merge(streams, keep_deletions=take < len(view))
+        data, index = encode_run(merged)
+    else:
+        take = 0
+    rest = tuple(view[take:])
+    if not index.blocks:  # everything merged away was a deletion
+        return Written(rest, 0, take)
+    data_key, index_key = run_keys(layout, batch_id, instance, attempt)
+    index_bytes = index.to_bytes()
+    store.put(data_key, data)
+    store.put(index_key, index_bytes)
+    ref = RunRef(data_key, index_key, key_groups.start, key_groups.end, len(data))
+    return Written((ref, *rest), len(data) + len(index_bytes), take)
+
+
+def load_range(
+    cache: BlockCache,
+    runs: Sequence[RunRef],
+    backend: KeyedStateBackend,
+    kg_first: int,
+    kg_last: int,
+) -> int:
+    """Load every key of key-groups ``kg_first..kg_last`` (tools: inspection, reshard,
+    whole-state checks — a batch never does this); returns how many keys."""
+    n = 0
+    for sort_key, value in scan(cache, runs, composite(kg_first, b""), composite(kg_last + 1, b"")):
+        kg, rest = split(sort_key)
+        if rest[:1] != STATE or value is None:
+            continue  # the timer index: the bundles carry the timers themselves
+        kb = rest[1:]
+        backend.import_key(
+            kg, kb, decode_bundle(value, f"run entry of key {kb!r} (key-group {kg})")
+        )
+        n += 1
+    return n

@@ -1,7 +1,10 @@
-"""Writing a checkpoint: each instance writes one state file, the driver commits.
+"""Writing a checkpoint: each instance writes its state objects, the driver commits.
 
-The protocol, in order (a crash between any two steps leaves only garbage for GC, never
-a half-visible checkpoint):
+With sorted runs (what the runtime writes, :mod:`microbatch.checkpoint.runstate`) step 1
+is one run per instance with the keys it changed, and the snapshot carries the instance's
+runs (newest first) and its key-groups' key counts instead of key-group entries; steps 2-4
+are the same. The protocol of one state file per instance (format 1), in order (a crash
+between any two steps leaves only garbage for GC, never a half-visible checkpoint):
 
 1. Each instance prunes expired TTL entries, then encodes the key-groups it must write —
    all of them on a full checkpoint, otherwise only the changed ("dirty") ones — into
@@ -31,6 +34,7 @@ from microbatch.checkpoint.statefile import encode_state_file
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, key_group_range
 from microbatch.state.backend import KeyedStateBackend
+from microbatch.state.blockcache import RunRef
 from microbatch.storage import AlreadyExistsError, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,10 @@ class InstanceSnapshot:
     written: frozenset[int]
     file: str | None
     bytes_written: int
+    #: Sorted runs: the instance's runs after this checkpoint, newest first.
+    runs: tuple[RunRef, ...] | None = None
+    #: Sorted runs: keys with state per key-group of the instance.
+    key_counts: Mapping[int, int] | None = None
 
     def acknowledge(self, backend: KeyedStateBackend) -> None:
         """Step 4: after the commit, the written key-groups are clean again."""
@@ -64,6 +72,10 @@ class InstanceSnapshot:
             "written": sorted(self.written),
             "file": self.file,
             "bytes_written": self.bytes_written,
+            "runs": None if self.runs is None else [r.to_json() for r in self.runs],
+            "key_counts": None
+            if self.key_counts is None
+            else {str(kg): n for kg, n in self.key_counts.items()},
         }
 
     @classmethod
@@ -78,6 +90,10 @@ class InstanceSnapshot:
             written=frozenset(body["written"]),
             file=body["file"],
             bytes_written=body["bytes_written"],
+            runs=None if body.get("runs") is None else tuple(map(RunRef.from_json, body["runs"])),
+            key_counts=None
+            if body.get("key_counts") is None
+            else {int(kg): n for kg, n in body["key_counts"].items()},
         )
 
 
@@ -157,13 +173,27 @@ def build_manifest(
             f"checkpoint id {checkpoint_id} must be greater than its base {base.checkpoint_id}"
         )
     entries: list[KeyGroupEntry | None] = [None] * max_parallelism
+    as_runs = any(s.runs is not None for s in snapshots)
+    runs: list[RunRef] = []
+    counts = [0] * max_parallelism
     for snap in sorted(snapshots, key=lambda s: s.index):
         expected = key_group_range(max_parallelism, parallelism, snap.index)
-        if snap.key_groups != expected or set(snap.entries) != set(expected):
+        covered = set(snap.key_counts or ()) if as_runs else set(snap.entries)
+        if snap.key_groups != expected or covered != set(expected):
             raise CheckpointError(
                 f"checkpoint {checkpoint_id}: instance {snap.index} of {parallelism} covers "
                 f"{snap.key_groups}, expected {expected}"
             )
+        if as_runs:
+            outside = [r for r in snap.runs or () if r.clipped(expected.start, expected.end) != r]
+            if snap.runs is None or outside:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_id}: instance {snap.index} of {parallelism} "
+                    f"returned runs outside its key-groups {expected}: {outside or 'none'}"
+                )
+            runs += snap.runs  # each instance's stretch: newest first within its range
+            for kg, n in (snap.key_counts or {}).items():
+                counts[kg] = n
         for kg, entry in snap.entries.items():
             entries[kg] = entry
     if sorted(s.index for s in snapshots) != list(range(parallelism)):
@@ -177,6 +207,8 @@ def build_manifest(
         full_checkpoint_id=checkpoint_id if full or base is None else base.full_checkpoint_id,
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         metadata=dict(metadata or {}),
+        runs=tuple(runs) if as_runs else None,
+        key_counts=tuple(counts) if as_runs else None,
     )
 
 

@@ -7,18 +7,23 @@ its timers fire. Stage 1 and stage 2 are one Spark job (nothing is materialised 
 them), so the instance computes the batch watermark itself from the ``stat`` rows: every
 instance sees the same rows and gets the same watermark. In order:
 
-1. restore its key-groups from the base checkpoint (only their byte ranges); advance the
-   watermark from the ``stat`` rows;
+1. advance the watermark from the ``stat`` rows; load the state of the keys the batch
+   touches — its records' keys and the keys with timers due by the watermark — from the
+   base checkpoint's sorted runs (one bulk lookup through the executor's block cache; the
+   rest of the state is never read);
 2. call ``process(key, records)`` per key, keys in key-byte order, each key's records by
    (topic, partition, offset, seq) — a deterministic order, so a rerun computes the same;
 3. advance the watermark: ``on_timer`` for each due timer, in timestamp order;
-4. write its state file (full or only changed key-groups);
+4. write one run with the keys it changed (merged with the newest runs when the size
+   tiers say so);
 5. stage each sink's output at deterministic keys;
 6. return a JSON summary (state snapshot, staged files, stats, stage-1 totals, event time,
    pending elements) for the driver's manifest.
 
 The state clock is the batch's recorded processing time, not the wall clock, so TTL
-expiry is the same on every rerun.
+expiry is the same on every rerun. A base checkpoint of the older format (one state file
+per instance) is restored whole once and written as the instance's first run: the
+migration happens in the first batch after an upgrade.
 """
 
 from __future__ import annotations
@@ -32,9 +37,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.checkpoint import Layout, Manifest
+from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import restore_instance
-from microbatch.checkpoint.writer import write_instance
+from microbatch.checkpoint.runstate import (
+    Loaded,
+    changed_entries,
+    instance_runs,
+    load_due_timers,
+    load_keys,
+    write_batch_run,
+)
 from microbatch.errors import ConfigError, ProcessError, error_text
 from microbatch.keygroups import decode_key, key_group_range
 from microbatch.runtime.envelope import (
@@ -56,6 +68,8 @@ from microbatch.runtime.windowed import run_windows
 from microbatch.settings import Settings
 from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
+from microbatch.state.blockcache import BlockCache, RunRef
+from microbatch.state.cache import state_cache
 from microbatch.storage import open_store
 
 RESULT_DDL = "instance INT, result STRING"
@@ -138,15 +152,25 @@ class StageTwo:
     def _where(self, instance: int) -> str:
         return f"pipeline {self.pipeline.name!r} batch {self.batch_id} instance {instance}"
 
-    def restore(self, store: Any, instance: int) -> tuple[KeyedStateBackend, dict[str, Any]]:
+    def open_state(self, store: Any, instance: int) -> InstanceState:
+        """An empty backend for the instance's key-groups and the base's runs that serve
+        them; a base of the older format is restored whole (the migration)."""
         clock = lambda: self.processing_time_ms / 1000  # noqa: E731 - deterministic TTL
         maxp = self.pipeline.max_parallelism
-        if self.base_manifest is None:
-            own = key_group_range(maxp, self.parallelism, instance)
-            return KeyedStateBackend(maxp, own, clock=clock), {"requests": 0, "bytes": 0}
-        base = Manifest.from_json(self.base_manifest, f"base of batch {self.batch_id}")
-        backend, stats = restore_instance(store, base, self.parallelism, instance, clock=clock)
-        return backend, {"requests": stats.requests, "bytes": stats.bytes_read}
+        own = key_group_range(maxp, self.parallelism, instance)
+        cache = state_cache(store, self.settings)
+        base = (
+            None
+            if self.base_manifest is None
+            else Manifest.from_json(self.base_manifest, f"base of batch {self.batch_id}")
+        )
+        if base is not None and base.runs is None:
+            backend, _ = restore_instance(store, base, self.parallelism, instance, clock=clock)
+            backend.dirty_keys = {(kg, kb) for kg in own for kb in backend.keys([kg])}
+            return InstanceState(backend, cache, [], Loaded(), None, migrated=True)
+        backend = KeyedStateBackend(maxp, own, clock=clock)
+        counts = None if base is None else base.key_counts
+        return InstanceState(backend, cache, instance_runs(base, own), Loaded(), counts)
 
     def stage_one(self, table: pa.Table) -> tuple[StageOneTotals, WatermarkState]:
         """The batch's stage-1 totals (from the ``stat`` rows every instance receives) and
@@ -173,8 +197,9 @@ class StageTwo:
         totals, event_time = self.stage_one(table)
         watermark = event_time.watermark
         store = open_store(pipeline.checkpoints, self.settings)
-        backend, restored = self.restore(store, instance)
-        t_restore = time.perf_counter()
+        state = self.open_state(store, instance)
+        backend = state.backend
+        fetched_before = dataclasses.replace(state.cache.stats)
 
         outputs: dict[str, list[Any]] = {s.name: [] for s in pipeline.sinks}
         dead: list[dict[str, Any]] = []
@@ -230,6 +255,15 @@ class StageTwo:
         keys, key_groups, payloads = cols["key"], cols["key_group"], cols["payload"]
         n = len(keys)
         stats["records"] = n
+        if not state.migrated:
+            load_keys(state.cache, state.runs, backend, dict.fromkeys(keys), state.loaded)
+            if watermark is not None:
+                stats["timers_due"] = load_due_timers(
+                    state.cache, state.runs, backend, watermark, state.loaded
+                )
+        stats["keys_loaded"] = len(state.loaded.timers)
+        restored = state.cache.stats.since(fetched_before)
+        t_restore = time.perf_counter()
         decode = payload_decoder(pipeline)
         if getattr(pipeline.process, "columnar", False):
             emitted: list[Any] = []
@@ -305,15 +339,9 @@ class StageTwo:
             backend.advance_watermark(watermark, on_timer)
         t_process = time.perf_counter()
 
-        # Step 4: state file.
-        base = (
-            Manifest.from_json(self.base_manifest, "base")
-            if self.base_manifest is not None
-            else None
-        )
-        snap = write_instance(
-            store, Layout(), backend, self.batch_id, instance, base, full=self.full
-        )
+        # Step 4: the run of the keys it changed.
+        snap = state.write(store, self.batch_id, instance, self.attempt)
+        stats["runs"] = len(snap.runs or ())
         t_state = time.perf_counter()
         crash_if(self.crash_at, "after_state_files", self._where(instance))
 
@@ -344,6 +372,44 @@ class StageTwo:
                 "state": round(t_state - t_process, 4),
                 "stage": round(t_stage - t_state, 4),
             },
+        )
+
+
+@dataclasses.dataclass
+class InstanceState:
+    """One instance's state for one batch: the backend it processes with (holding only
+    the keys loaded), the block cache and runs it loads from, and the base's key counts."""
+
+    backend: KeyedStateBackend
+    cache: BlockCache
+    runs: list[RunRef]
+    loaded: Loaded
+    base_counts: tuple[int, ...] | None
+    #: Restored whole from a format-1 checkpoint: every key is written to the first run.
+    migrated: bool = False
+
+    def write(self, store: Any, batch_id: int, instance: int, attempt: str) -> InstanceSnapshot:
+        """Step 4: prune what expired among the loaded keys, write the changed keys as one
+        run (or merge), and count keys per key-group for the manifest."""
+        backend = self.backend
+        backend.prune_expired()
+        entries = changed_entries(backend, self.loaded)
+        own = backend.key_groups
+        written = write_batch_run(
+            store, Layout(), self.cache, self.runs, entries, batch_id, instance, attempt, own
+        )
+        changes = self.loaded.key_count_changes
+        base = self.base_counts
+        counts = {kg: (base[kg] if base else 0) + changes.get(kg, 0) for kg in own}
+        return InstanceSnapshot(
+            instance,
+            own,
+            {},
+            frozenset(),
+            None,
+            written.bytes_written,
+            runs=written.runs,
+            key_counts=counts,
         )
 
 

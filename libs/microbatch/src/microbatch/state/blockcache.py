@@ -39,6 +39,15 @@ class RunRef:
     index: str
     kg_first: int
     kg_last: int
+    #: Size of the run's data object (the whole run, whatever range this ref serves).
+    bytes: int = 0
+
+    def clipped(self, kg_first: int, kg_last: int) -> RunRef | None:
+        """This ref limited to key-groups ``kg_first..kg_last``; None if they do not meet."""
+        first, last = max(self.kg_first, kg_first), min(self.kg_last, kg_last)
+        if first > last:
+            return None
+        return dataclasses.replace(self, kg_first=first, kg_last=last)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -46,7 +55,11 @@ class RunRef:
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> RunRef:
         return cls(
-            str(body["data"]), str(body["index"]), int(body["kg_first"]), int(body["kg_last"])
+            str(body["data"]),
+            str(body["index"]),
+            int(body["kg_first"]),
+            int(body["kg_last"]),
+            int(body.get("bytes", 0)),
         )
 
 
@@ -59,6 +72,15 @@ class CacheStats:
     blocks_hit: int = 0
     blocks_fetched: int = 0
     blocks_decoded: int = 0
+
+    def since(self, before: CacheStats) -> dict[str, int]:
+        """What happened after ``before`` (a copy taken earlier), as the batch's stats."""
+        return {
+            "requests": self.requests - before.requests,
+            "bytes": self.bytes_fetched - before.bytes_fetched,
+            "blocks_hit": self.blocks_hit - before.blocks_hit,
+            "blocks_fetched": self.blocks_fetched - before.blocks_fetched,
+        }
 
 
 #: Decoded blocks kept in memory per process (a reused Spark Python worker keeps them
@@ -143,8 +165,9 @@ class BlockCache:
             _, (_, dropped) = self._decoded.popitem(last=False)
             self._decoded_size -= dropped
 
-    def blocks(self, ref: RunRef, numbers: Iterable[int]) -> dict[int, bytes]:
-        """The raw bytes of blocks ``numbers`` of run ``ref`` (local disk, else the store)."""
+    def blocks(self, ref: RunRef, numbers: Iterable[int], keep: bool = True) -> dict[int, bytes]:
+        """The raw bytes of blocks ``numbers`` of run ``ref`` (local disk, else the store);
+        ``keep=False`` does not add fetched blocks to the disk cache (a merge's inputs)."""
         index = self.index(ref)
         out: dict[int, bytes] = {}
         missing = []
@@ -163,7 +186,8 @@ class BlockCache:
 
             with ThreadPoolExecutor(min(FETCH_THREADS, len(missing))) as pool:
                 for n, data in pool.map(fetch, missing):
-                    self._keep(ref.data, str(n), data)
+                    if keep:
+                        self._keep(ref.data, str(n), data)
                     out[n] = data
                     self.stats.blocks_fetched += 1
         return out

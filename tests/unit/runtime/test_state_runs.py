@@ -1,0 +1,158 @@
+"""Keyed state in sorted runs through the whole batch protocol (stand-in broker and
+executor from test_protocol): a batch loads only the keys it touches, writes one run per
+instance, merges runs by size tiers, rescales between any two batches, migrates a
+checkpoint of the older format, and GC keeps exactly what retained checkpoints name."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from microbatch.checkpoint import (
+    Layout,
+    build_manifest,
+    latest_manifest,
+    list_checkpoints,
+    load_manifest,
+    read_key_state,
+    restore_instance,
+    write_instance,
+)
+from microbatch.keygroups import decode_key
+from microbatch.runtime import BatchOptions
+from microbatch.storage import open_store
+from tests.unit.runtime.test_protocol import Log, pipeline, runner, totals  # noqa: F401 - fixture
+
+USERS = [f"user-{i:03d}" for i in range(60)]
+
+
+def state_of(pipeline) -> dict[str, int]:
+    """Every key's ``total`` in the newest checkpoint, read whole (a tool's view)."""
+    store = open_store(pipeline.checkpoints)
+    manifest = latest_manifest(store, Layout())
+    out = {}
+    for i in range(manifest.parallelism):
+        backend, _ = restore_instance(store, manifest, manifest.parallelism, i)
+        for kb in backend.keys():
+            key = decode_key(kb)
+            out[key] = backend.for_key(key).value("total").get()
+    return out
+
+
+def produce_round(log: Log, round_: int) -> list[str]:
+    users = USERS[round_ * 7 % 50 : round_ * 7 % 50 + 10]
+    log.produce(round_ % 2, *users)
+    return users
+
+
+def test_batches_load_only_their_keys_and_write_one_run_per_instance(pipeline) -> None:
+    log = Log(partitions=2)
+    log.produce(0, *USERS[:40])
+    runner(pipeline, log).run()
+    log.produce(1, "user-001", "user-002")
+
+    result = runner(pipeline, log).run()
+
+    manifest = latest_manifest(open_store(pipeline.checkpoints), Layout())
+    assert manifest.format_version == 2 and manifest.runs is not None
+    assert manifest.total_keys == 40
+    new = [r for r in manifest.runs if Layout().state_id(r.data) == result.batch_id]
+    assert 1 <= len(new) <= 2  # one run per instance that changed a key
+    stats = BatchRecordStats.of(manifest)
+    assert stats.keys_loaded == 2  # not the 40 keys of the state
+    assert state_of(pipeline)["user-001"] == 2
+
+
+class BatchRecordStats:
+    """The per-instance counters a batch record keeps, summed."""
+
+    def __init__(self, counters: collections.Counter) -> None:
+        self.keys_loaded = counters["keys_loaded"]
+
+    @classmethod
+    def of(cls, manifest) -> BatchRecordStats:
+        from microbatch.runtime.records import BatchRecord
+
+        record = BatchRecord.of(manifest)
+        assert record.stats is not None
+        counters: collections.Counter[str] = collections.Counter()
+        for instance in record.stats.instances:
+            counters.update(instance.counters)
+        return cls(counters)
+
+
+def test_state_survives_rescales_and_merges_and_equals_a_plain_count(pipeline) -> None:
+    log = Log(partitions=2)
+    expected: collections.Counter[str] = collections.Counter()
+    for round_, parallelism in enumerate([2, 2, 3, 3, 3, 1, 1, 4, 4, 2, 2, 2, 2, 3]):
+        expected.update(produce_round(log, round_))
+        runner(pipeline, log).run(BatchOptions(parallelism=parallelism))
+
+    assert state_of(pipeline) == dict(expected)
+    store = open_store(pipeline.checkpoints)
+    manifest = latest_manifest(store, Layout())
+    assert manifest.total_keys == len(expected)
+    per_kg = collections.Counter()
+    for kg in range(manifest.max_parallelism):
+        per_kg[kg] = sum(1 for r in manifest.runs if r.kg_first <= kg <= r.kg_last)
+    assert max(per_kg.values()) <= 4, "size tiers should have merged the runs of 14 batches"
+    last = {u: n for u, n in totals(pipeline)}  # the newest emitted total per user
+    assert {u: max(n for v, n in totals(pipeline) if v == u) for u in last} == dict(expected)
+
+
+def test_a_key_reads_back_with_the_inspection_tool(pipeline) -> None:
+    log = Log(partitions=2)
+    log.produce(0, "ann", "ann", "bob")
+    runner(pipeline, log).run()
+
+    state = read_key_state(open_store(pipeline.checkpoints), Layout(), "ann")
+
+    assert state == {"total": 2}
+
+
+def test_gc_keeps_exactly_the_runs_retained_checkpoints_name(pipeline) -> None:
+    pipeline = dataclasses.replace(pipeline, retain_checkpoints=2)
+    log = Log(partitions=2)
+    for round_ in range(9):
+        produce_round(log, round_)
+        runner(pipeline, log).run()
+
+    store = open_store(pipeline.checkpoints)
+    layout = Layout()
+    ids = list_checkpoints(store, layout)
+    named = set().union(*(load_manifest(store, layout, i).files() for i in ids))
+    state_objects = {k for k in store.list(layout.state) if layout.state_id(k) is not None}
+    assert len(ids) == 2
+    assert state_objects == named
+
+
+def test_a_checkpoint_of_the_older_format_is_migrated_by_the_next_batch(pipeline) -> None:
+    log = Log(partitions=2)
+    log.produce(0, "ann", "bob", "ann")
+    runner(pipeline, log).run()
+    store, layout = open_store(pipeline.checkpoints), Layout()
+    runs_manifest = latest_manifest(store, layout)
+    # Rewrite checkpoint 0 as format 1 (one state file per instance), as an older
+    # microbatch wrote it.
+    snaps = []
+    for i in range(runs_manifest.parallelism):
+        backend, _ = restore_instance(store, runs_manifest, runs_manifest.parallelism, i)
+        snaps.append(write_instance(store, layout, backend, 0, i, None, full=True))
+    old = build_manifest(
+        0,
+        snaps,
+        max_parallelism=runs_manifest.max_parallelism,
+        pipeline_fingerprint=runs_manifest.pipeline_fingerprint,
+        base=None,
+        full=True,
+        metadata=runs_manifest.metadata,
+    )
+    store.put(layout.manifest_key(0), old.to_json())
+    assert load_manifest(store, layout, 0).format_version == 1
+
+    log.produce(1, "ann", "cid")
+    runner(pipeline, log).run(BatchOptions(parallelism=3))
+
+    migrated = latest_manifest(store, layout)
+    assert migrated.format_version == 2 and migrated.total_keys == 3
+    assert state_of(pipeline) == {"ann": 3, "bob": 1, "cid": 1}
