@@ -1,6 +1,10 @@
-"""Shared by the benchmarks: the result table every bench prints."""
+"""Shared by the benchmarks: the result table every bench prints; CPU time and memory of
+the Spark JVM's process tree."""
 
 from __future__ import annotations
+
+import os
+import threading
 
 
 def print_table(rows: list[tuple[str, str, str]]) -> None:
@@ -11,3 +15,102 @@ def print_table(rows: list[tuple[str, str, str]]) -> None:
     print(f"{'-' * w0}  {'-' * w1}  {'-' * 40}")
     for name, value, note in rows:
         print(f"{name:<{w0}}  {value:>{w1}}  {note}")
+
+
+# Processes: CPU time and memory of a process tree (the Spark JVM and its Python workers) -
+
+
+def _stat(pid: int) -> tuple[int, int]:
+    """(parent pid, utime + stime + cutime + cstime in clock ticks) of a live process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), sum(int(x) for x in fields[11:15])
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """Pid → CPU ticks of ``root`` and every live process under it, from /proc."""
+    stats: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = _stat(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent]
+        tree.update(children)
+        frontier += children
+    return {pid: stats[pid][1] for pid in tree if pid in stats}
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds so far of this process plus ``root`` and every live process under it
+    (reaped children count in their parent's children times)."""
+    ticks = sum(process_tree(root).values())
+    own = os.times()
+    return ticks / os.sysconf("SC_CLK_TCK") + own.user + own.system
+
+
+def _status_kib(pid: int, fields: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in fields:
+                out[name] = int(rest.split()[0])
+    return out
+
+
+class RssSampler:
+    """Samples the resident memory of the Python processes under a root process (Spark's
+    ``pyspark.daemon`` and the workers it forks) every ``interval_s``, keeping per phase
+    the largest ``VmRSS`` seen and the largest ``VmHWM`` (the kernel's own peak) of any
+    one process. ``phase`` names what runs now; ``peaks()`` gives MiB per phase."""
+
+    def __init__(self, root: int, interval_s: float = 0.05, match: str = "pyspark") -> None:
+        self.root, self.interval_s, self.match = root, interval_s, match
+        self.phase = "idle"
+        self._peaks: dict[str, list[int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _workers(self) -> list[int]:
+        pids = []
+        for pid in process_tree(self.root):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if self.match.encode() in f.read():
+                        pids.append(pid)
+            except OSError:
+                continue
+        return pids
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for pid in self._workers():
+                try:
+                    kib = _status_kib(pid, ("VmRSS", "VmHWM"))
+                except (OSError, ValueError):
+                    continue
+                peak = self._peaks.setdefault(self.phase, [0, 0])
+                peak[0] = max(peak[0], kib.get("VmRSS", 0))
+                peak[1] = max(peak[1], kib.get("VmHWM", 0))
+
+    def peaks(self) -> dict[str, tuple[float, float]]:
+        """Phase → (largest VmRSS, largest VmHWM) of one process, in MiB."""
+        return {k: (v[0] / 1024, v[1] / 1024) for k, v in self._peaks.items()}
+
+
+def load() -> str:
+    """The machine's 1-minute load average, for the line of each measurement."""
+    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cpus"

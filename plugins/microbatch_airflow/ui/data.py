@@ -100,8 +100,8 @@ def pipeline_view(
         "state_keys": latest.total_keys,
     }
     view["key_groups"] = [
-        {"key_group": kg, "bytes": 0 if e is None else e.length, "keys": 0 if e is None else e.keys}
-        for kg, e in enumerate(latest.key_groups)
+        {"key_group": kg, "bytes": size, "keys": keys}
+        for kg, (size, keys) in enumerate(latest.key_group_sizes())
     ]
     view["partitions"], error = _partitions(latest_record.offsets, end_offsets)
     if error:

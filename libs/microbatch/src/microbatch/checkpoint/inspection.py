@@ -6,6 +6,7 @@ from typing import Any
 
 from microbatch.checkpoint.catalog import latest_manifest, load_manifest
 from microbatch.checkpoint.layout import Layout
+from microbatch.checkpoint.manifest import Manifest
 from microbatch.checkpoint.restore import restore_groups
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import Key, KeyGroupRange, key_group, key_group_range
@@ -16,6 +17,8 @@ from microbatch.storage import ObjectStore
 def describe_checkpoint(store: ObjectStore, layout: Layout, checkpoint_id: int) -> dict[str, Any]:
     """Parallelism, totals, per-instance and per-key-group sizes of one checkpoint."""
     m = load_manifest(store, layout, checkpoint_id)
+    if m.runs is not None:
+        return _describe_runs(m)
     groups = [
         {
             "key_group": kg,
@@ -57,6 +60,48 @@ def describe_checkpoint(store: ObjectStore, layout: Layout, checkpoint_id: int) 
     }
 
 
+def _describe_runs(m: Manifest) -> dict[str, Any]:
+    """The same description for a checkpoint of sorted runs: keys per key-group come from
+    the manifest's counts, bytes per instance are those of the runs serving it (a run
+    shared by instances after a rescale counts for each)."""
+    counts = m.key_counts or ()
+    instances = []
+    for i in range(m.parallelism):
+        r = key_group_range(m.max_parallelism, m.parallelism, i)
+        runs = [ref for ref in m.runs or () if ref.clipped(r.start, r.end) is not None]
+        instances.append(
+            {
+                "index": i,
+                "key_groups": str(r),
+                "bytes": sum({ref.data: ref.bytes for ref in runs}.values()),
+                "keys": sum(counts[kg] for kg in r),
+                "runs": len(runs),
+            }
+        )
+    return {
+        "checkpoint_id": m.checkpoint_id,
+        "pipeline_fingerprint": m.pipeline_fingerprint,
+        "created_at": m.created_at,
+        "max_parallelism": m.max_parallelism,
+        "parallelism": m.parallelism,
+        "full_checkpoint_id": m.full_checkpoint_id,
+        "total_bytes": m.total_bytes,
+        "total_keys": m.total_keys,
+        "files": len(m.files()),
+        "written_now_bytes": sum(
+            {
+                r.data: r.bytes
+                for r in m.runs or ()
+                if Layout().state_id(r.data) == m.checkpoint_id
+            }.values()
+        ),
+        "instances": instances,
+        "key_groups": [{"key_group": kg, "keys": n} for kg, n in enumerate(counts) if n],
+        "runs": [r.to_json() for r in m.runs or ()],
+        "metadata": dict(m.metadata),
+    }
+
+
 def format_description(desc: dict[str, Any]) -> str:
     """A short human-readable summary of :func:`describe_checkpoint`."""
     lines = [
@@ -80,7 +125,8 @@ def read_key_state(
 ) -> dict[str, Any]:
     """Every state (and timer) of ``key`` in a checkpoint (default: the latest).
 
-    Reads one byte range: the key's key-group. Expired TTL entries are included, since
+    Reads one byte range (format 1: the key's key-group) or the blocks of the key's
+    key-group in each run serving it (sorted runs). Expired TTL entries are included, since
     "expired" depends on the reader's clock.
     """
     if checkpoint_id is None:

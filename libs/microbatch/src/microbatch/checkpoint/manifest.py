@@ -127,6 +127,14 @@ class Manifest:
             return sum(self.key_counts)
         return sum(e.keys for e in self.key_groups if e is not None)
 
+    def key_group_sizes(self) -> list[tuple[int, int]]:
+        """``(bytes, keys)`` per key-group. With sorted runs the bytes are estimated from
+        the key counts (runs are not split by key-group): the state's bytes per key."""
+        if self.key_counts is None:
+            return [(0, 0) if e is None else (e.length, e.keys) for e in self.key_groups]
+        per_key = self.total_bytes / max(self.total_keys, 1)
+        return [(round(n * per_key), n) for n in self.key_counts]
+
     def to_json(self) -> bytes:
         body = _body(self)
         body["checksum"] = zlib.crc32(_canonical(body))

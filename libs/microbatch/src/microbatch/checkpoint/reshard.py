@@ -1,17 +1,19 @@
 """Offline reshard: rewrite a checkpoint for a different ``max_parallelism``.
 
 ``max_parallelism`` fixes the key → key-group mapping, so changing it moves every key.
-This reads every key-group of the source checkpoint, re-assigns each key to
-``key_group(key, new_max_parallelism)``, writes a *full* checkpoint (id ``target_id``,
-default source + 1) at ``parallelism`` instances, reads it back and verifies that the
-number of keys and an order-independent checksum of all state rows are unchanged —
-before committing it. Run it while the pipeline is stopped.
+This reads every key-group of the source checkpoint (sorted runs or format 1), re-assigns
+each key to ``key_group(key, new_max_parallelism)``, writes a checkpoint of sorted runs
+(one run per instance; id ``target_id``, default source + 1) at ``parallelism``
+instances, reads it back and verifies that the number of keys and an order-independent
+checksum of all state rows are unchanged — before committing it. Run it while the
+pipeline is stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,10 +21,12 @@ from microbatch.checkpoint.catalog import load_manifest
 from microbatch.checkpoint.layout import Layout
 from microbatch.checkpoint.manifest import Manifest
 from microbatch.checkpoint.restore import empty_backends, restore_groups
-from microbatch.checkpoint.writer import build_manifest, commit_manifest, write_instance
+from microbatch.checkpoint.runstate import Loaded, changed_entries, write_batch_run
+from microbatch.checkpoint.writer import InstanceSnapshot, build_manifest, commit_manifest
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, check_max_parallelism, key_group_of_bytes
 from microbatch.state.backend import ROW_COLUMNS, KeyedStateBackend, empty_rows
+from microbatch.state.blockcache import BlockCache
 from microbatch.state.codec import encode_value
 from microbatch.storage import ObjectStore
 
@@ -53,6 +57,26 @@ def state_digest(backends: Iterable[KeyedStateBackend]) -> tuple[int, str]:
                 digest = hashlib.blake2b(encode_value((*row, pos)), digest_size=16).digest()
                 total = (total + int.from_bytes(digest, "big")) % 2**128
     return len(keys), f"{total:032x}"
+
+
+def _write_run(
+    store: ObjectStore, layout: Layout, backend: KeyedStateBackend, target_id: int, index: int
+) -> InstanceSnapshot:
+    """All of one instance's keys as its one run (with the timer index)."""
+    own = backend.key_groups
+    counts = {kg: 0 for kg in own}
+    backend.dirty_keys = set()
+    for kg in own:
+        keys = backend.keys([kg])
+        counts[kg] = len(keys)
+        backend.dirty_keys |= {(kg, kb) for kb in keys}
+    entries = changed_entries(backend, Loaded())
+    written = write_batch_run(
+        store, layout, BlockCache(store), [], entries, target_id, index, uuid.uuid4().hex[:12], own
+    )
+    return InstanceSnapshot(
+        index, own, {}, frozenset(), None, written.bytes_written, written.runs, counts
+    )
 
 
 def reshard(
@@ -93,10 +117,7 @@ def reshard(
             if kg in regrouped:
                 backend.import_rows(kg, regrouped[kg])
 
-    snaps = [
-        write_instance(store, layout, b, target_id, i, None, full=True)
-        for i, b in enumerate(backends)
-    ]
+    snaps = [_write_run(store, layout, b, target_id, i) for i, b in enumerate(backends)]
     from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
 
     pause_if("during_reshard", f"reshard of checkpoint {source_id}")

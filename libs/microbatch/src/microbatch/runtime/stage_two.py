@@ -263,6 +263,8 @@ class StageTwo:
                 )
         stats["keys_loaded"] = len(state.loaded.timers)
         restored = state.cache.stats.since(fetched_before)
+        stats["state_requests"] = restored["requests"]
+        stats["state_bytes_fetched"] = restored["bytes"]
         t_restore = time.perf_counter()
         decode = payload_decoder(pipeline)
         if getattr(pipeline.process, "columnar", False):
@@ -342,6 +344,7 @@ class StageTwo:
         # Step 4: the run of the keys it changed.
         snap = state.write(store, self.batch_id, instance, self.attempt)
         stats["runs"] = len(snap.runs or ())
+        stats["state_bytes_written"] = snap.bytes_written
         t_state = time.perf_counter()
         crash_if(self.crash_at, "after_state_files", self._where(instance))
 
