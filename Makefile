@@ -42,22 +42,27 @@ tools:
 
 venv: $(STAMP) $(BYTECODE)
 
-# Re-runs only when the lock or the library's or the provider's metadata changed.
-# plugins/ is also the provider distribution microbatch-airflow (plugins/pyproject.toml):
-# its entry points register the plugin, connection types and [microbatch] config.
-$(STAMP): requirements.lock libs/microbatch/pyproject.toml plugins/pyproject.toml | tools
+# Re-runs only when the lock or the library's, the dev package's or the provider's
+# metadata changed. libs/microbatch-dev is the local stack, the demo and the examples
+# (microbatch.localstack, .demo, .examples; `microbatch-stack`), kept out of the runtime
+# wheel. plugins/ is also the provider distribution microbatch-airflow
+# (plugins/pyproject.toml): its entry points register the plugin, connection types and
+# [microbatch] config.
+$(STAMP): requirements.lock libs/microbatch/pyproject.toml libs/microbatch-dev/pyproject.toml \
+          plugins/pyproject.toml | tools
 	@echo "==> Python environment (.venv) from requirements.lock"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock -e libs/microbatch -e plugins
+	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock \
+	  -e libs/microbatch -e libs/microbatch-dev -e plugins
 	@touch $@
 
 # Bytecode for everything installed and for the library, compiled once here: a process
 # that must compile its imports (PYTHONDONTWRITEBYTECODE=1, or a read-only venv) spends
 # ~2 s on pyspark, pandas and boto3 alone, on every batch and every Airflow task.
 $(BYTECODE): $(STAMP)
-	@echo "==> bytecode for .venv and libs/microbatch"
-	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib libs/microbatch/src >$(VENV)/compileall.log 2>&1 || \
+	@echo "==> bytecode for .venv, libs/microbatch and libs/microbatch-dev"
+	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib libs/microbatch/src libs/microbatch-dev/src >$(VENV)/compileall.log 2>&1 || \
 	  { tail -5 $(VENV)/compileall.log; echo "(files that do not compile stay source-only)"; }
 	@touch $@
 

@@ -3,8 +3,15 @@
 # The image of every Airflow service in docker-compose.yml (api-server, scheduler,
 # dag-processor, triggerer, and the one-shot airflow-init). The scheduler runs the tasks
 # (LocalExecutor), so spark-submit runs here: the image carries a Java runtime, the Python
-# packages of requirements.lock, libs/microbatch and Spark's Kafka/Delta connector jars,
-# all fixed at build time. Nothing is installed when a container starts.
+# packages of requirements.lock, libs/microbatch, libs/microbatch-dev and Spark's
+# Kafka/Delta connector jars, all fixed at build time. Nothing is installed when a
+# container starts.
+#
+# libs/microbatch-dev (the local stack, the demo and the examples, outside the runtime
+# wheel) is here because this stack runs the example: the clickstream DAG's job imports
+# microbatch.examples.clickstream, and the `jars` stage resolves the connector jars with
+# microbatch.localstack. An image for your own pipelines needs libs/microbatch only (and
+# the jars resolved some other way, or `--packages`).
 #
 #   docker build -f docker/airflow.Dockerfile -t microbatch-airflow:local .
 #
@@ -46,6 +53,7 @@ USER airflow
 
 COPY --chown=airflow:root requirements.lock /opt/microbatch/requirements.lock
 COPY --chown=airflow:root libs/microbatch /opt/microbatch/libs/microbatch
+COPY --chown=airflow:root libs/microbatch-dev /opt/microbatch/libs/microbatch-dev
 # The Airflow provider (plugins/pyproject.toml): its entry points register the plugin, the
 # connection types and the [microbatch] config. Installed as a package like the library;
 # the compose stack also mounts plugins/ as the plugins folder, whose scan skips it
@@ -54,7 +62,8 @@ COPY --chown=airflow:root plugins /opt/microbatch/providers/microbatch-airflow
 
 # `python3` is now the image's own interpreter (its virtualenv is gone), Python 3.11.
 # The library is installed as a package, not editable: executors (Spark image) and driver
-# (here) run the same files, both from this build's libs/microbatch.
+# (here) run the same files, both from this build's libs/microbatch and libs/microbatch-dev
+# (whose dependencies are all in the lock: it adds no package).
 RUN python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
     && python3 -m venv /home/airflow/.local \
     && PIP_USER=0 /home/airflow/.local/bin/python -m pip install --no-cache-dir \
@@ -63,6 +72,7 @@ RUN python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
         --python /home/airflow/.local/bin/python \
         -r /opt/microbatch/requirements.lock \
         /opt/microbatch/libs/microbatch \
+        /opt/microbatch/libs/microbatch-dev \
         /opt/microbatch/providers/microbatch-airflow \
         "psycopg2-binary==${PSYCOPG2_VERSION}" \
     && /home/airflow/.local/bin/uv pip check --python /home/airflow/.local/bin/python
@@ -111,4 +121,4 @@ USER airflow
 # Fail the build, not the first task, if the runtime is incomplete.
 RUN java -version \
     && spark-submit --version \
-    && python -c 'import airflow, microbatch, microbatch_airflow, psycopg2, pyspark'
+    && python -c 'import airflow, microbatch, microbatch.examples.clickstream, microbatch_airflow, psycopg2, pyspark'

@@ -9,7 +9,9 @@
 # Executors run the jobs' Python (stage 1 decoding, the sinks, ...), so they need what the
 # driver has: the same Python minor version (PySpark refuses a worker whose version differs
 # from the driver's; the Airflow image is on Python 3.11, like requirements.lock), the same
-# libs/microbatch and the same package versions. Hence this base (the official Python
+# libs/microbatch and the same package versions. Also libs/microbatch-dev: the compose
+# stack runs the example pipeline, whose functions (microbatch.examples.clickstream) the
+# executors import; executors of your own pipelines need libs/microbatch only. Hence this base (the official Python
 # 3.11 image, pinned to a patch release) rather than apache/spark's images, whose Python is
 # whatever their Ubuntu ships, and the whole lock rather than a hand-picked subset: an
 # import missing on the executors would only show when a batch runs.
@@ -30,8 +32,10 @@ RUN useradd --uid 185 --no-create-home --home-dir /opt/spark-work --shell /usr/s
 
 COPY requirements.lock /opt/microbatch/requirements.lock
 COPY libs/microbatch /opt/microbatch/libs/microbatch
+COPY libs/microbatch-dev /opt/microbatch/libs/microbatch-dev
 
-# Exactly the lock (as `make venv` builds .venv) plus the library, at build time.
+# Exactly the lock (as `make venv` builds .venv) plus the library and the examples (their
+# dependencies are all in the lock), at build time.
 RUN python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
     && python3 -m venv /opt/microbatch/venv \
     && /opt/microbatch/venv/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
@@ -40,6 +44,7 @@ RUN python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
         --python /opt/microbatch/venv/bin/python \
         -r /opt/microbatch/requirements.lock \
         /opt/microbatch/libs/microbatch \
+        /opt/microbatch/libs/microbatch-dev \
     && /opt/microbatch/venv/bin/uv pip check --python /opt/microbatch/venv/bin/python
 
 # The environment's bin/ first: `python3` (what PYSPARK_PYTHON=python3 from the driver
@@ -58,6 +63,6 @@ WORKDIR /opt/spark-work
 # Fail the build, not the first batch, if the runtime is incomplete.
 RUN java -version \
     && spark-class org.apache.spark.deploy.master.Master --help 2>&1 | grep -q -- --webui-port \
-    && python3 -c 'import microbatch, pyspark, pyarrow, pandas'
+    && python3 -c 'import microbatch, microbatch.examples.clickstream, pyspark, pyarrow, pandas'
 
 CMD ["spark-class", "org.apache.spark.deploy.master.Master"]

@@ -443,6 +443,31 @@ def test_images_install_the_lock_and_the_library_at_build_time(airflow_image, sp
                 )
 
 
+def test_images_install_the_dev_package_when_a_mounted_job_imports_the_examples(
+    airflow_image, spark_image
+):
+    # The runtime wheel has no microbatch.examples (libs/microbatch-dev has): a job that
+    # imports them needs the dev package where the driver runs (Airflow image) and where
+    # its functions run (the Spark image's executors).
+    jobs = [
+        p.name
+        for p in sorted((ROOT / "jobs").glob("*.py"))
+        if "microbatch.examples" in p.read_text()
+    ]
+    if not jobs:
+        pytest.skip("no job under jobs/ imports microbatch.examples")
+    for image in (airflow_image, spark_image):
+        stages = "\n".join(s.runs() for s in image.stages)
+        copies = [a for s in image.stages for a in s.args("COPY")]
+        assert any("libs/microbatch-dev" in copy_paths(a)[0] for a in copies), (
+            f"{image.path.name} does not copy libs/microbatch-dev, which {jobs} import"
+        )
+        install = re.search(r"uv pip install[^&]*-r \S*requirements\.lock[^&]*", stages)
+        assert install and "libs/microbatch-dev" in install.group(0), (
+            f"{image.path.name} does not install libs/microbatch-dev with the lock ({jobs})"
+        )
+
+
 def test_the_airflow_image_installs_the_provider_with_the_lock(airflow_image):
     stages = "\n".join(s.runs() for s in airflow_image.stages)
     copies = [copy_paths(a) for s in airflow_image.stages for a in s.args("COPY")]

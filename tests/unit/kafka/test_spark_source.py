@@ -201,12 +201,12 @@ def test_artifact_name_drops_only_the_version():
 
 def test_session_conf_gets_the_connector_jars_for_local_and_standalone(monkeypatch):
     jars = [Path("/h/spark-kafka/a.jar"), Path("/h/spark-kafka/b.jar")]
-    monkeypatch.setattr("microbatch.localstack.spark_kafka.spark_kafka_jars", lambda home: jars)
+    monkeypatch.setattr("microbatch.spark_jars.spark_kafka_jars", lambda home: jars)
     for master in ("local[2]", "spark://127.0.0.1:7077"):
         conf = with_kafka_connector(Settings(spark_master=master), {"spark.jars": "/mine.jar"})
         assert conf["spark.jars"] == "/mine.jar,/h/spark-kafka/a.jar,/h/spark-kafka/b.jar"
     assert "spark.jars" not in with_kafka_connector(Settings(spark_master="yarn"), {})
-    monkeypatch.setattr("microbatch.localstack.spark_kafka.spark_kafka_jars", lambda home: [])
+    monkeypatch.setattr("microbatch.spark_jars.spark_kafka_jars", lambda home: [])
     assert "spark.jars" not in with_kafka_connector(Settings(spark_master="local[2]"), {})
 
 

@@ -9,6 +9,13 @@ metadata and says ``0+unknown``, a valid version that sorts before every release
 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
+from pkgutil import extend_path
+
+# Other distributions add modules to this package: microbatch-dev (libs/microbatch-dev)
+# ships microbatch.localstack, microbatch.demo and microbatch.examples, which executors
+# never install. Wheels put both into one folder anyway; editable installs keep each in its
+# own src/ on sys.path, so the package's path must take in every microbatch/ folder there.
+__path__ = extend_path(__path__, __name__)
 
 from microbatch.errors import (
     BatchError,

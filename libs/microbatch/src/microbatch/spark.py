@@ -88,7 +88,7 @@ def with_kafka_connector(settings: Settings, conf: Mapping[str, str]) -> dict[st
     out = dict(conf)
     if not settings.spark_master.startswith(("local", "spark://")):
         return out
-    from microbatch.localstack.spark_kafka import spark_kafka_jars
+    from microbatch.spark_jars import spark_kafka_jars
 
     given = [jar for jar in out.get("spark.jars", "").split(",") if jar]
     extra = [str(jar) for jar in spark_kafka_jars(settings.home_path) if str(jar) not in given]

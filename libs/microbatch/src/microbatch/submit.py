@@ -14,8 +14,8 @@ from pathlib import Path
 
 from microbatch.errors import ConfigError
 from microbatch.executables import find_executable
-from microbatch.localstack.spark_kafka import spark_kafka_jars
 from microbatch.settings import Settings
+from microbatch.spark_jars import spark_kafka_jars
 
 
 def spark_submit_binary() -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 from microbatch.errors import ServiceError
 from microbatch.executables import find_executable
 from microbatch.localstack.process import ServiceProcess, port_is_free
-from microbatch.localstack.spark_kafka import spark_kafka_jars
 from microbatch.settings import Settings
+from microbatch.spark_jars import spark_kafka_jars
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 

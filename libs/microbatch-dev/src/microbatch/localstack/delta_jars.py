@@ -20,7 +20,8 @@ from pathlib import Path
 
 from microbatch.errors import ServiceError
 from microbatch.localstack.maven import copy_dependencies
-from microbatch.localstack.spark_kafka import _pyspark_artifacts, artifact_name, pyspark_version
+from microbatch.localstack.spark_kafka import _pyspark_artifacts, artifact_name
+from microbatch.spark_jars import pyspark_version
 
 POM = "delta-spark-pom.xml"
 _DONE = ".complete"

@@ -7,73 +7,41 @@ this module, for the installed pyspark's version, into
 ``$MICROBATCH_HOME/spark-kafka/jars-<version>``; jars pyspark already ships (another
 version of one library) are dropped, so the classpath never holds two versions.
 
-:func:`ensure_spark_kafka_jars` downloads (``make jars``); :func:`spark_kafka_jars` only
-looks, so starting a session never runs Maven.
+:func:`ensure_spark_kafka_jars` downloads (``make jars``); looking them up is the runtime's
+:func:`microbatch.spark_jars.spark_kafka_jars`, so starting a session never runs Maven and
+the runtime never needs this distribution. A resolution records the POM's digest in its
+marker, so a changed POM is resolved again by the next ``make jars``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import re
 import shutil
 from importlib import resources
 from pathlib import Path
 
-from microbatch.errors import ServiceError
 from microbatch.localstack.maven import copy_dependencies
+from microbatch.spark_jars import COMPLETE, jar_dir, pyspark_version
 
 POM = "spark-kafka-pom.xml"
-_DONE = ".complete"
 _VERSION = re.compile(r"\d+\.\d+")
 
 
-def pyspark_version() -> str:
-    """The installed pyspark's version (read from its metadata, without importing it)."""
-    try:
-        return importlib.metadata.version("pyspark")
-    except importlib.metadata.PackageNotFoundError:
-        raise ServiceError(
-            "the Spark Kafka connector jars match pyspark's version, but pyspark is not "
-            "installed: run `make venv` (or pip install 'microbatch[spark]')"
-        ) from None
-
-
-def jar_dir(home: Path, version: str | None = None) -> Path:
-    """Where the connector jars for ``version`` (default: the installed pyspark's) live; an
-    absolute path (mvn would read a relative one from the POM's folder, Spark from its
-    working directory)."""
-    return Path(home).resolve() / "spark-kafka" / f"jars-{version or pyspark_version()}"
-
-
 def _stamp(version: str) -> str:
-    """What a complete resolution records: the POM's digest and the Spark version."""
+    """What a complete resolution records: the Spark version and the POM's digest."""
     pom = resources.files("microbatch.localstack").joinpath(POM).read_bytes()
     return f"{version} {hashlib.sha256(pom).hexdigest()[:16]}"
-
-
-def spark_kafka_jars(home: Path) -> list[Path]:
-    """The resolved connector jars for the installed pyspark, or ``[]`` if ``make jars``
-    has not resolved them (or pyspark is missing). Never downloads."""
-    try:
-        version = pyspark_version()
-    except ServiceError:
-        return []
-    libs = jar_dir(home, version)
-    done = libs / _DONE
-    if not done.exists() or done.read_text() != _stamp(version):
-        return []
-    return sorted(libs.glob("*.jar"))
 
 
 def ensure_spark_kafka_jars(home: Path) -> list[Path]:
     """Resolve the connector for the installed pyspark (idempotent) and return its jars."""
     version = pyspark_version()
-    found = spark_kafka_jars(home)
-    if found:
-        return found
     libs = jar_dir(home, version)
+    done = libs / COMPLETE
+    if done.exists() and done.read_text() == _stamp(version):
+        return sorted(libs.glob("*.jar"))
     shutil.rmtree(libs, ignore_errors=True)
     copy_dependencies(
         f"Spark Kafka connector (org.apache.spark:spark-sql-kafka-0-10_2.13:{version})",
@@ -86,7 +54,7 @@ def ensure_spark_kafka_jars(home: Path) -> list[Path]:
     for jar in libs.glob("*.jar"):
         if artifact_name(jar.name) in shipped:  # never two versions of one library
             jar.unlink()
-    (libs / _DONE).write_text(_stamp(version))
+    (libs / COMPLETE).write_text(_stamp(version))
     return sorted(libs.glob("*.jar"))
 
 
