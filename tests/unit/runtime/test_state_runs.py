@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
+
+import pytest
 
 from microbatch.checkpoint import (
     Layout,
@@ -18,12 +21,27 @@ from microbatch.checkpoint import (
     restore_instance,
     write_instance,
 )
+from microbatch.errors import CheckpointError, StorageError
 from microbatch.keygroups import decode_key
-from microbatch.runtime import BatchOptions
+from microbatch.runtime import BatchOptions, KafkaSource, ParquetSink, Pipeline
 from microbatch.storage import open_store
-from tests.unit.runtime.test_protocol import Log, pipeline, runner, totals  # noqa: F401 - fixture
+from tests.unit.runtime.test_protocol import CountPerUser, Log, runner, totals
 
 USERS = [f"user-{i:03d}" for i in range(60)]
+
+
+@pytest.fixture
+def pipeline(tmp_path) -> Pipeline:
+    return Pipeline(
+        name="counts",
+        source=KafkaSource(topics=("clicks",)),
+        key_by="user",
+        process=CountPerUser(),
+        sinks=[ParquetSink("totals", str(tmp_path / "totals"))],
+        checkpoints=str(tmp_path / "checkpoints"),
+        max_parallelism=8,
+        parallelism=2,
+    )
 
 
 def state_of(pipeline) -> dict[str, int]:
@@ -33,7 +51,7 @@ def state_of(pipeline) -> dict[str, int]:
     out = {}
     for i in range(manifest.parallelism):
         backend, _ = restore_instance(store, manifest, manifest.parallelism, i)
-        for kb in backend.keys():
+        for kb in backend.keys(backend.groups_with_state()):
             key = decode_key(kb)
             out[key] = backend.for_key(key).value("total").get()
     return out
@@ -156,3 +174,53 @@ def test_a_checkpoint_of_the_older_format_is_migrated_by_the_next_batch(pipeline
     migrated = latest_manifest(store, layout)
     assert migrated.format_version == 2 and migrated.total_keys == 3
     assert state_of(pipeline) == {"ann": 3, "bob": 1, "cid": 1}
+
+
+def fresh_cache_runner(pipeline, log: Log, tmp_path) -> object:
+    """A runner whose executors start with an empty block cache (a new machine)."""
+    run = runner(pipeline, log)
+    folder = tmp_path / f"cache-{len(list(tmp_path.iterdir()))}"
+    run.settings = dataclasses.replace(run.settings, state_cache_dir=str(folder))
+    return run
+
+
+def test_a_missing_run_fails_the_batch_naming_the_run_never_an_empty_state(
+    pipeline, tmp_path
+) -> None:
+    log = Log(partitions=2)
+    log.produce(0, "ann", "bob")
+    runner(pipeline, log).run()
+    store = open_store(pipeline.checkpoints)
+    lost = latest_manifest(store, Layout()).runs[0]
+    store.delete(lost.data)
+    log.produce(0, "ann", "bob")
+
+    with pytest.raises(CheckpointError, match=re.escape(lost.data)):
+        fresh_cache_runner(pipeline, log, tmp_path).run()
+
+
+def test_a_corrupt_block_fails_the_batch_naming_run_and_block(pipeline, tmp_path) -> None:
+    log = Log(partitions=2)
+    log.produce(0, "ann", "bob")
+    runner(pipeline, log).run()
+    store = open_store(pipeline.checkpoints)
+    for ref in latest_manifest(store, Layout()).runs:
+        data = bytearray(store.get(ref.data))
+        data[len(data) // 3] ^= 0xFF  # one flipped byte inside the first block
+        store.put(ref.data, bytes(data))
+    log.produce(0, "ann", "bob")
+
+    with pytest.raises(CheckpointError, match=r"block 0: checksum mismatch"):
+        fresh_cache_runner(pipeline, log, tmp_path).run()
+
+
+def test_an_unwritable_cache_folder_fails_naming_the_folder(pipeline, tmp_path) -> None:
+    log = Log(partitions=2)
+    log.produce(0, "ann")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    run = runner(pipeline, log)
+    run.settings = dataclasses.replace(run.settings, state_cache_dir=str(blocker / "cache"))
+
+    with pytest.raises(StorageError, match=re.escape(str(blocker / "cache"))):
+        run.run()

@@ -47,7 +47,7 @@ from microbatch.checkpoint.runstate import (
     load_keys,
     write_batch_run,
 )
-from microbatch.errors import ConfigError, ProcessError, error_text
+from microbatch.errors import CheckpointError, ConfigError, ProcessError, error_text
 from microbatch.keygroups import decode_key, key_group_range
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
@@ -167,10 +167,13 @@ class StageTwo:
         if base is not None and base.runs is None:
             backend, _ = restore_instance(store, base, self.parallelism, instance, clock=clock)
             backend.dirty_keys = {(kg, kb) for kg in own for kb in backend.keys([kg])}
-            return InstanceState(backend, cache, [], Loaded(), None, migrated=True)
+            return InstanceState(
+                backend, cache, [], Loaded(), None, base.checkpoint_id, migrated=True
+            )
         backend = KeyedStateBackend(maxp, own, clock=clock)
         counts = None if base is None else base.key_counts
-        return InstanceState(backend, cache, instance_runs(base, own), Loaded(), counts)
+        base_id = None if base is None else base.checkpoint_id
+        return InstanceState(backend, cache, instance_runs(base, own), Loaded(), counts, base_id)
 
     def stage_one(self, table: pa.Table) -> tuple[StageOneTotals, WatermarkState]:
         """The batch's stage-1 totals (from the ``stat`` rows every instance receives) and
@@ -256,11 +259,17 @@ class StageTwo:
         n = len(keys)
         stats["records"] = n
         if not state.migrated:
-            load_keys(state.cache, state.runs, backend, dict.fromkeys(keys), state.loaded)
-            if watermark is not None:
-                stats["timers_due"] = load_due_timers(
-                    state.cache, state.runs, backend, watermark, state.loaded
-                )
+            try:
+                load_keys(state.cache, state.runs, backend, dict.fromkeys(keys), state.loaded)
+                if watermark is not None:
+                    stats["timers_due"] = load_due_timers(
+                        state.cache, state.runs, backend, watermark, state.loaded
+                    )
+            except CheckpointError as e:
+                raise CheckpointError(
+                    f"{self._where(instance)}: loading the state of key-groups "
+                    f"{backend.key_groups} from base checkpoint {state.base_id} failed: {e}"
+                ) from e
         stats["keys_loaded"] = len(state.loaded.timers)
         restored = state.cache.stats.since(fetched_before)
         stats["state_requests"] = restored["requests"]
@@ -388,6 +397,7 @@ class InstanceState:
     runs: list[RunRef]
     loaded: Loaded
     base_counts: tuple[int, ...] | None
+    base_id: int | None = None
     #: Restored whole from a format-1 checkpoint: every key is written to the first run.
     migrated: bool = False
 
