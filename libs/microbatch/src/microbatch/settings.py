@@ -30,6 +30,8 @@ Variables (each maps to the field of the same name, lower-cased, without the pre
   between batches (``off``: none); empty = ``microbatch-state-cache`` in the temp dir
 - ``MICROBATCH_STATE_CACHE_MEMORY_MB``: decoded state blocks kept in memory per Python
   worker; ``256``
+- ``MICROBATCH_STATE_CACHE_DISK_MB``: the state cache folder's size beyond which the
+  least recently fetched runs' blocks are dropped; ``10240``
 
 S3 credentials, first that applies:
 
@@ -102,18 +104,20 @@ class Settings:
     home: str = ".local"
     state_cache_dir: str = ""
     state_cache_memory_mb: int = 256
+    state_cache_disk_mb: int = 10240
 
     def __post_init__(self) -> None:
-        try:
-            memory = int(self.state_cache_memory_mb)
-        except (TypeError, ValueError):
-            memory = -1
-        if memory < 0:
-            raise ConfigError(
-                f"MICROBATCH_STATE_CACHE_MEMORY_MB={self.state_cache_memory_mb!r}: expected "
-                "a whole number of MiB (0 or more)"
-            )
-        object.__setattr__(self, "state_cache_memory_mb", memory)
+        for name in ("state_cache_memory_mb", "state_cache_disk_mb"):
+            raw = getattr(self, name)
+            try:
+                mib = int(raw)
+            except (TypeError, ValueError):
+                mib = -1
+            if mib < 0:
+                raise ConfigError(
+                    f"MICROBATCH_{name.upper()}={raw!r}: expected a whole number of MiB (0 or more)"
+                )
+            object.__setattr__(self, name, mib)
         if not self.kafka_bootstrap_servers.strip():
             raise ConfigError(
                 "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS is empty: give at least one host:port"

@@ -8,9 +8,11 @@ from microbatch.checkpoint.catalog import latest_manifest, load_manifest
 from microbatch.checkpoint.layout import Layout
 from microbatch.checkpoint.manifest import Manifest
 from microbatch.checkpoint.restore import restore_groups
+from microbatch.checkpoint.runstate import Loaded, instance_runs, load_keys
 from microbatch.errors import CheckpointError
-from microbatch.keygroups import Key, KeyGroupRange, key_group, key_group_range
+from microbatch.keygroups import Key, KeyGroupRange, encode_key, key_group, key_group_range
 from microbatch.state.backend import KeyedStateBackend
+from microbatch.state.blockcache import BlockCache
 from microbatch.storage import ObjectStore
 
 
@@ -125,9 +127,9 @@ def read_key_state(
 ) -> dict[str, Any]:
     """Every state (and timer) of ``key`` in a checkpoint (default: the latest).
 
-    Reads one byte range (format 1: the key's key-group) or the blocks of the key's
-    key-group in each run serving it (sorted runs). Expired TTL entries are included, since
-    "expired" depends on the reader's clock.
+    Reads one byte range (format 1: the key's key-group) or, with sorted runs, only the
+    blocks that may hold the key, newest run first. Expired TTL entries are included,
+    since "expired" depends on the reader's clock.
     """
     if checkpoint_id is None:
         manifest = latest_manifest(store, layout)
@@ -136,6 +138,11 @@ def read_key_state(
     else:
         manifest = load_manifest(store, layout, checkpoint_id)
     kg = key_group(key, manifest.max_parallelism)
-    backend = KeyedStateBackend(manifest.max_parallelism, KeyGroupRange(kg, kg))
-    restore_groups(store, manifest, backend, [kg])
+    own = KeyGroupRange(kg, kg)
+    backend = KeyedStateBackend(manifest.max_parallelism, own)
+    if manifest.runs is None:
+        restore_groups(store, manifest, backend, [kg])
+    else:
+        runs = instance_runs(manifest, own)
+        load_keys(BlockCache(store), runs, backend, [encode_key(key)], Loaded())
     return backend.describe_key(key, include_expired=True)

@@ -103,6 +103,8 @@ class BlockCache:
         self.directory = directory
         self.memory_bytes = memory_bytes
         self.stats = CacheStats()
+        #: Bytes this cache has written to its folder (the process-wide cache trims it).
+        self.disk_bytes = 0
         self._indexes: dict[str, RunIndex] = {}
         self._decoded: OrderedDict[tuple[str, int], tuple[Decoded, int]] = OrderedDict()
         self._decoded_size = 0
@@ -231,6 +233,7 @@ class BlockCache:
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)  # concurrent tasks write the same bytes: either wins
+            self.disk_bytes += len(data)
         except OSError as e:
             raise StorageError(
                 f"cannot write the state cache at {path} ({e}): free space in "
