@@ -50,7 +50,6 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -58,9 +57,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import benchlib
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchlib import print_table
+from benchlib import load, log, print_table, spark_cpu_seconds
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.enrich import AsyncOperator, NoRetry
@@ -90,10 +90,6 @@ PARALLELISM = 2  # microbatch operator instances = Structured Streaming shuffle 
 TS0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 EVENT_DDL = "user_id STRING, page STRING, ts LONG"
 COUNT_SCHEMA = pa.schema([("user_id", pa.string()), ("count", pa.int64())])
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # The microbatch pipeline (module level: pickled to the Spark workers) ------------------
@@ -225,34 +221,7 @@ def event(n: int) -> bytes:
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
-    from kafka import KafkaAdminClient, KafkaProducer
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        spec = {"num_partitions": PARTITIONS, "replication_factor": 1}
-        admin.create_topics({topic: spec}, wait_for_metadata=True)
-    finally:
-        admin.close()
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks=1,
-        linger_ms=50,
-        batch_size=1024 * 1024,
-        max_request_size=16 * 1024 * 1024,
-    )
-    started = time.monotonic()
-    step = max(n // 10, 1)
-    try:
-        for i in range(n):
-            producer.send(topic, value=event(i), partition=i % PARTITIONS)
-            if (i + 1) % step == 0:
-                elapsed = time.monotonic() - started
-                log(f"  {topic}: {i + 1:>10,} / {n:,} sent ({(i + 1) / elapsed:,.0f}/s)")
-        producer.flush()
-    finally:
-        producer.close()
-    elapsed = time.monotonic() - started
-    log(f"  {topic}: {n:,} records produced in {elapsed:.1f} s ({n / elapsed:,.0f}/s)")
+    benchlib.produce(bootstrap, topic, n, event, PARTITIONS)
 
 
 # Measurements ----------------------------------------------------------------------------
@@ -266,35 +235,6 @@ def run_microbatch(spark: Any, settings: Settings, pipeline: Pipeline) -> tuple[
     if result.records_in and runner.stage_one_reader != wanted:
         raise SystemExit(f"stage 1 read with {runner.stage_one_reader!r}, not {wanted!r}")
     return time.perf_counter() - started, result
-
-
-def _cpu_ticks(pid: int) -> tuple[int, int]:
-    """(parent pid, utime + stime + cutime + cstime) of a live process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[1]), sum(int(x) for x in fields[11:15])
-
-
-def spark_cpu_seconds(spark: Any) -> float:
-    """CPU seconds so far of this process, the Spark JVM and every live process under it
-    (Python workers; reaped ones are in their parent's children times). Not the broker."""
-    jvm = spark.sparkContext._gateway.proc.pid
-    ticks: dict[int, tuple[int, int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ticks[int(entry)] = _cpu_ticks(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = {jvm}, [jvm]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in ticks.items() if ppid == parent]
-        tree.update(children)
-        frontier += children
-    total = sum(ticks[pid][1] for pid in tree if pid in ticks)
-    own = os.times()
-    return total / os.sysconf("SC_CLK_TCK") + own.user + own.system
 
 
 def final_counts(table: pa.Table) -> dict[str, int]:
@@ -322,10 +262,6 @@ def compare(mb: dict[str, int], ss: dict[str, int], records: int) -> tuple[bool,
 
 #: (wall seconds, CPU seconds, load average at the start) of one measured run.
 Run = tuple[float, float, str]
-
-
-def load() -> str:
-    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cpus"
 
 
 def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:

@@ -1,10 +1,14 @@
-"""Shared by the benchmarks: the result table every bench prints; CPU time and memory of
-the Spark JVM's process tree."""
+"""Shared by the benchmarks: the result table every bench prints, the load average, CPU
+seconds and memory of the Spark process tree, and producing a topic's events."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 
 def print_table(rows: list[tuple[str, str, str]]) -> None:
@@ -15,6 +19,55 @@ def print_table(rows: list[tuple[str, str, str]]) -> None:
     print(f"{'-' * w0}  {'-' * w1}  {'-' * 40}")
     for name, value, note in rows:
         print(f"{name:<{w0}}  {value:>{w1}}  {note}")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cpus"
+
+
+def spark_cpu_seconds(spark: Any) -> float:
+    """CPU seconds so far of this process, the Spark JVM and every live process under it
+    (Python workers; reaped ones are in their parent's children times). Not the broker."""
+    return tree_cpu_seconds(spark.sparkContext._gateway.proc.pid)
+
+
+def produce(
+    bootstrap: str, topic: str, n: int, event: Callable[[int], bytes], partitions: int
+) -> None:
+    """Create ``topic`` and send ``event(i)`` for ``i < n`` to partition ``i % partitions``
+    (one batching producer, acks=1), logging progress."""
+    from kafka import KafkaAdminClient, KafkaProducer
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        spec = {"num_partitions": partitions, "replication_factor": 1}
+        admin.create_topics({topic: spec}, wait_for_metadata=True)
+    finally:
+        admin.close()
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks=1,
+        linger_ms=50,
+        batch_size=1024 * 1024,
+        max_request_size=16 * 1024 * 1024,
+    )
+    started = time.monotonic()
+    step = max(n // 10, 1)
+    try:
+        for i in range(n):
+            producer.send(topic, value=event(i), partition=i % partitions)
+            if (i + 1) % step == 0:
+                elapsed = time.monotonic() - started
+                log(f"  {topic}: {i + 1:>10,} / {n:,} sent ({(i + 1) / elapsed:,.0f}/s)")
+        producer.flush()
+    finally:
+        producer.close()
+    elapsed = time.monotonic() - started
+    log(f"  {topic}: {n:,} records produced in {elapsed:.1f} s ({n / elapsed:,.0f}/s)")
 
 
 # Processes: CPU time and memory of a process tree (the Spark JVM and its Python workers) -
@@ -67,11 +120,21 @@ class RssSampler:
     """Samples the resident memory of the Python processes under a root process (Spark's
     ``pyspark.daemon`` and the workers it forks) every ``interval_s``, keeping per phase
     the largest ``VmRSS`` seen and the largest ``VmHWM`` (the kernel's own peak) of any
-    one process. ``phase`` names what runs now; ``peaks()`` gives MiB per phase."""
+    one process. ``phase`` names what runs now; ``peaks()`` gives MiB per phase.
 
-    def __init__(self, root: int, interval_s: float = 0.05, match: str = "pyspark") -> None:
-        self.root, self.interval_s, self.match = root, interval_s, match
+    The process tree is listed again every ``rescan_s`` only (a walk of /proc costs a few
+    ms); ``cpu_seconds`` is the sampler's own CPU time, to leave out of measurements."""
+
+    def __init__(
+        self,
+        root: int,
+        interval_s: float = 0.05,
+        rescan_s: float = 0.5,
+        match: str = "pyspark.daemon",
+    ) -> None:
+        self.root, self.interval_s, self.rescan_s, self.match = root, interval_s, rescan_s, match
         self.phase = "idle"
+        self.cpu_seconds = 0.0
         self._peaks: dict[str, list[int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
@@ -96,21 +159,21 @@ class RssSampler:
         return pids
 
     def _loop(self) -> None:
+        workers: list[int] = []
+        listed = 0.0
         while not self._stop.wait(self.interval_s):
-            for pid in self._workers():
+            if time.monotonic() - listed >= self.rescan_s:
+                workers, listed = self._workers(), time.monotonic()
+            peak = self._peaks.setdefault(self.phase, [0, 0])
+            for pid in workers:
                 try:
                     kib = _status_kib(pid, ("VmRSS", "VmHWM"))
                 except (OSError, ValueError):
                     continue
-                peak = self._peaks.setdefault(self.phase, [0, 0])
                 peak[0] = max(peak[0], kib.get("VmRSS", 0))
                 peak[1] = max(peak[1], kib.get("VmHWM", 0))
+            self.cpu_seconds = time.thread_time()
 
     def peaks(self) -> dict[str, tuple[float, float]]:
         """Phase → (largest VmRSS, largest VmHWM) of one process, in MiB."""
         return {k: (v[0] / 1024, v[1] / 1024) for k, v in self._peaks.items()}
-
-
-def load() -> str:
-    """The machine's 1-minute load average, for the line of each measurement."""
-    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cpus"

@@ -96,7 +96,20 @@ def test_tumbling_windows_close_with_the_watermark_across_batches(tmp_path: Path
     assert later == [("a", 2 * MIN, 2, 10), ("b", 2 * MIN, 1, 5)]
     assert len(rows) == 5  # each closed window exactly once; [240, 300) of b still open
     dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
-    assert [(d["reason"], d["offset"]) for d in dead] == [("late", 5)]
+    assert [(d["reason"], d["offset"]) for d in dead] == [("late_window", 5)]
+
+
+def test_a_record_behind_the_watermark_counts_while_its_window_is_open(tmp_path: Path) -> None:
+    log = Log(partitions=1)
+    p = pipeline(tmp_path, windows.tumbling("1m").count().sum("amount").final())
+    produce(log, ("a", 10_000, 1), ("a", 70_000, 2))
+    run(p, log)  # watermark 70 s: [0, 60) closes
+    produce(log, ("a", 65_000, 3), ("a", 50_000, 4), ("a", 130_000, 5))
+    run(p, log)  # 65 s is behind 70 s, but [60, 120) is open; 50 s is in a closed window
+
+    assert windows_out(tmp_path) == [("a", 0, MIN, 1, 1), ("a", MIN, 2 * MIN, 2, 5)]
+    dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
+    assert [(d["reason"], d["offset"]) for d in dead] == [("late_window", 3)]
 
 
 def test_windows_without_event_time_are_refused_when_built(tmp_path: Path) -> None:

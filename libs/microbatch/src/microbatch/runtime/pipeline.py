@@ -52,6 +52,8 @@ Decoder = Callable[[bytes], Any]
 OnOutOfRange = Literal["fail", "earliest"]
 KafkaReader = Literal["auto", "python", "spark"]
 _READERS = ("auto", "python", "spark")
+WatermarkRule = Literal["min_partition", "global_max"]
+_WATERMARK_RULES = ("min_partition", "global_max")
 
 
 def json_decoder(value: bytes) -> Any:
@@ -139,15 +141,25 @@ class EventTime:
     """Event-time watermarks.
 
     ``field``: the record field holding the event time (epoch ms int, or an ISO-8601
-    string). The watermark of a source partition is the largest event time seen in it minus
-    ``allowed_lateness_s``; the pipeline's watermark is the minimum over partitions that are
-    not idle (no record for ``idle_timeout_s`` of processing time). Records older than the
-    watermark at the start of their batch are late and go to the dead letters.
+    string). ``watermark`` chooses how the pipeline's watermark follows the source:
+
+    - ``"min_partition"`` (the default, Flink's rule): the watermark of a source partition
+      is the largest event time seen in it minus ``allowed_lateness_s``; the pipeline's is
+      the minimum over partitions that are not idle (no record for ``idle_timeout_s`` of
+      processing time);
+    - ``"global_max"`` (Spark Structured Streaming's ``withWatermark``): the largest event
+      time seen in the whole stream minus ``allowed_lateness_s``; partitions and
+      ``idle_timeout_s`` play no part. A partition that lags the others loses its records
+      to lateness, as in Spark.
+
+    Records older than the watermark at the start of their batch are late and go to the
+    dead letters; windows instead decide by window (``microbatch.windows``).
     """
 
     field: str
     allowed_lateness_s: float = 0.0
     idle_timeout_s: float | None = 300.0
+    watermark: WatermarkRule = "min_partition"
 
     def __post_init__(self) -> None:
         if not isinstance(self.field, str) or not self.field:
@@ -155,6 +167,11 @@ class EventTime:
         if isinstance(self.allowed_lateness_s, bool) or not self.allowed_lateness_s >= 0:
             raise ConfigError(f"allowed_lateness_s must be >= 0: {self.allowed_lateness_s!r}")
         check_positive("idle_timeout_s", self.idle_timeout_s)
+        if self.watermark not in _WATERMARK_RULES:
+            raise ConfigError(
+                f"EventTime watermark must be one of {', '.join(map(repr, _WATERMARK_RULES))}: "
+                f"{self.watermark!r}"
+            )
 
 
 OnProcessError = Literal["fail", "dead_letter"]

@@ -130,6 +130,14 @@ class StageOne:
         return tuple(operator_index(kg, maxp, self.parallelism) for kg in range(maxp))
 
     @functools.cached_property
+    def _late_before(self) -> int | None:
+        """Records with an event time behind it are late (dead letters ``late``). A
+        windowed pipeline has none: its window operator drops a record only when every
+        window of the record had closed (``late_window``), as Flink's and Spark's windows
+        do, so a record behind the watermark still counts in a window that is open."""
+        return None if getattr(self.pipeline.process, "columnar", False) else self.watermark
+
+    @functools.cached_property
     def _decoder(self) -> Any:
         return source_decoder(self.pipeline)
 
@@ -175,7 +183,7 @@ class StageOne:
                 ts = event_time_ms(raw)
             except (ValueError, TypeError, OverflowError) as e:
                 raise _Bad("bad_event_time", f"field {et.field!r}: {e}") from e
-            if self.watermark is not None and ts < self.watermark:
+            if self._late_before is not None and ts < self._late_before:
                 raise _Bad(
                     "late",
                     f"event time {ts} is behind the watermark {self.watermark} "

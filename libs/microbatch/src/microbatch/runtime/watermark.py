@@ -1,7 +1,8 @@
 """Event-time watermarks across source partitions (pure).
 
 Per source partition we remember the largest event time seen and when (processing time)
-it last had a record. After a batch::
+it last had a record. After a batch, with ``EventTime(watermark="min_partition")`` (the
+default, Flink's rule)::
 
     partition watermark = max event time of the partition - allowed lateness
     pipeline watermark  = min over *active* partitions of their watermark
@@ -9,6 +10,11 @@ it last had a record. After a batch::
 
 If every partition is idle the stream has caught up, and the watermark becomes the max
 over partitions (otherwise one quiet partition would hold every timer back forever).
+
+With ``watermark="global_max"`` (Spark Structured Streaming's ``withWatermark``)::
+
+    pipeline watermark  = max event time over all partitions - allowed lateness
+
 Watermarks never go back. Records with an event time behind the watermark a batch
 starts with are late (they go to the dead letters).
 """
@@ -70,7 +76,9 @@ def advance(
     if not parts:
         return WatermarkState(parts, state.watermark)
     lateness = int(event_time.allowed_lateness_s * 1000)
-    if event_time.idle_timeout_s is None:
+    if event_time.watermark == "global_max":
+        active = []  # as if every partition were idle: the max over all of them
+    elif event_time.idle_timeout_s is None:
         active = list(parts.values())
     else:
         horizon = processing_time_ms - int(event_time.idle_timeout_s * 1000)

@@ -81,11 +81,12 @@ class WindowOperator:
                 windows[start] = [start + size, merged]
                 changed.add((key, start))
         rows = []
+        close_at = None if watermark_after is None else watermark_after - self.allowed_lateness_ms
         for key in sorted(state, key=_sort_key):
             windows = state[key]
             for start in sorted(windows):
                 end, partial = windows[start]
-                closed = self._closed(np.array([end]), watermark_after)[0]
+                closed = close_at is not None and end <= close_at  # as _closed, per window
                 if closed or (self.mode == "updates" and (key, start) in changed):
                     row = {"key": key, "window_start": start, "window_end": end}
                     rows.append(row | results(self.aggregates, partial))
@@ -110,7 +111,9 @@ class WindowOperator:
             )
             ends = starts + self.spec.size_ms
         keep = ~self._closed(ends, watermark)
-        late = np.setdiff1d(np.arange(len(ts)), rows[keep]).tolist()
+        counted = np.zeros(len(ts), dtype=bool)
+        counted[rows[keep]] = True
+        late = np.flatnonzero(~counted).tolist()
         assigned = table.take(pa.array(rows[keep], pa.int64()))
         return assigned.append_column(START, pa.array(starts[keep], pa.int64())), late
 
