@@ -51,7 +51,7 @@ def _stage_two(**event_time: float) -> StageTwo:
         max_parallelism=16,
         parallelism=2,
     )
-    return StageTwo(pipe, Settings.from_env(), 3, 2, None, None, 1_000_000, full=True)
+    return StageTwo(pipe, Settings.from_env(), 3, 2, None, None, 1_000_000)
 
 
 def _stage_one_rows(*tasks: list[tuple[int, int]]) -> pa.Table:

@@ -194,6 +194,8 @@ class Pipeline:
     parallelism: int = 1
     on_process_error: OnProcessError = "fail"
     retain_checkpoints: int = 10
+    #: No longer used: state lives in sorted runs, whose merges (size tiers) bound how many
+    #: runs a read asks. Kept so job files that set it still load.
     full_checkpoint_every: int = 10
     #: How long a run that stopped renewing (died, stalled) keeps the pipeline from others.
     lease_timeout_s: float = 60.0

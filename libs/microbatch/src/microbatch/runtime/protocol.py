@@ -38,7 +38,6 @@ from microbatch.checkpoint import (
     latest_manifest,
     list_checkpoints,
     load_manifest,
-    should_write_full,
 )
 from microbatch.errors import BatchError, CheckpointError, ConfigError
 from microbatch.kafka import (
@@ -258,7 +257,6 @@ class BatchRunner:
             base_manifest=None if base is None else base.to_json(),
             event_time=event_time_before.to_json(),
             processing_time_ms=plan.created_at,
-            full=should_write_full(base, plan.batch_id, self.pipeline.full_checkpoint_every),
             crash_at=crash_at,
             attempt=attempt,
         )
@@ -330,7 +328,7 @@ class BatchRunner:
             max_parallelism=self.pipeline.max_parallelism,
             pipeline_fingerprint=self.pipeline.fingerprint(),
             base=base,
-            full=should_write_full(base, batch_id, self.pipeline.full_checkpoint_every),
+            full=False,
             metadata=record.to_json(),
         )
         try:

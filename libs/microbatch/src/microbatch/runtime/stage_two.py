@@ -133,7 +133,6 @@ class StageTwo:
     #: The event-time state the batch starts with (``WatermarkState.to_json``).
     event_time: dict[str, Any] | None
     processing_time_ms: int
-    full: bool
     crash_at: str | None = None
     #: This attempt's id, part of every name it stages (see ``StageContext.attempt``).
     attempt: str = ""
