@@ -122,3 +122,43 @@ def test_decoded_blocks_stay_in_memory_within_the_bound(store, big) -> None:
     assert lookup(tight, [big], wanted) == first
     assert tight.stats.blocks_decoded > 1.9 * decoded  # evicted, decoded again
     assert tight._decoded_size <= 20_000 or len(tight._decoded) == 1
+
+
+def test_neighbouring_missing_blocks_are_fetched_with_one_ranged_get(store, big) -> None:
+    cache = BlockCache(store)
+    index = cache.index(big)
+    requests = cache.stats.requests
+
+    fetched = cache.blocks(big, range(10, 40))  # 30 adjacent blocks
+
+    assert sorted(fetched) == list(range(10, 40))
+    assert cache.stats.requests - requests == 1
+    for n, data in fetched.items():  # each slice is exactly its block (checked by CRC)
+        b = index.blocks[n]
+        assert data == store.inner.get_range(big.data, b.offset, b.length)
+
+
+def test_far_apart_blocks_are_fetched_separately(store, big) -> None:
+    cache = BlockCache(store)
+    index = cache.index(big)
+    far = len(index.blocks) - 1
+    requests = cache.stats.requests
+
+    cache.blocks(big, [0, far])
+
+    assert cache.stats.requests - requests == 2
+
+
+def test_a_run_this_process_wrote_is_read_back_without_fetching(store, tmp_path) -> None:
+    data, index = encode_run([(key(1, n), b"v%d" % n) for n in range(3000)], block_bytes=512)
+    store.put("runs/mine.arrow", data)
+    store.put("runs/mine.index.arrow", index.to_bytes())
+    ref = RunRef("runs/mine.arrow", "runs/mine.index.arrow", 0, 15, len(data))
+    writer = BlockCache(store, tmp_path / "cache")
+    writer.keep_run(ref, data, index.to_bytes())
+
+    reader = BlockCache(store, tmp_path / "cache")  # a later batch on the same machine
+    found = lookup(reader, [ref], [key(1, 7), key(1, 2999)])
+
+    assert found == {key(1, 7): b"v7", key(1, 2999): b"v2999"}
+    assert reader.stats.requests == 0

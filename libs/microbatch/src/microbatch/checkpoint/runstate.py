@@ -228,6 +228,7 @@ def write_batch_run(
     store.put(data_key, data)
     store.put(index_key, index_bytes)
     ref = RunRef(data_key, index_key, key_groups.start, key_groups.end, len(data))
+    cache.keep_run(ref, data, index_bytes)  # the next batch here reads it locally
     return Written((ref, *rest), len(data) + len(index_bytes), take)
 
 

@@ -12,6 +12,7 @@ them (the run's index).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import os
@@ -21,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from microbatch.errors import CheckpointError, StorageError
 from microbatch.state.runs import Entry, RunIndex, composite, decode_batch, merge
@@ -84,11 +87,47 @@ class CacheStats:
 
 
 #: Decoded blocks kept in memory per process (a reused Spark Python worker keeps them
-#: between batches), roughly in bytes of keys and values plus per-entry overhead.
+#: between batches): the Arrow buffers plus the keys as Python bytes.
 MEMORY_BYTES = 256 << 20
-_ENTRY_OVERHEAD = 120  # a dict slot and two bytes objects, about
+_KEY_OVERHEAD = 40  # a bytes object and its list slot, about
+#: Missing blocks closer than this in a run are fetched with one ranged GET (the bytes in
+#: between are read and dropped): a GET costs far more than a few KiB on any S3.
+COALESCE_GAP = 16 << 10
+#: The most one coalesced GET reads.
+COALESCE_MAX = 8 << 20
 
-Decoded = dict[bytes, "bytes | None"]
+
+class DecodedBlock:
+    """One block in memory: its sort keys as a sorted Python list (binary search) and its
+    values left in the Arrow array, so a lookup builds only the value it finds."""
+
+    __slots__ = ("keys", "size", "values")
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        kgs, keys = batch.column(0), batch.column(1).to_pylist()
+        first, last = kgs[0].as_py(), kgs[len(kgs) - 1].as_py()
+        if first == last:  # most blocks lie in one key-group: one shared prefix
+            prefix = first.to_bytes(2, "big")
+            self.keys = [prefix + k for k in keys]
+        else:
+            self.keys = [
+                kg.to_bytes(2, "big") + k for kg, k in zip(kgs.to_pylist(), keys, strict=True)
+            ]
+        self.values = batch.column(2)
+        self.size = batch.nbytes + _KEY_OVERHEAD * len(keys)
+
+    def get(self, sort_key: bytes) -> tuple[bool, bytes | None]:
+        """(found, value) of ``sort_key`` in this block; a deletion's value is None."""
+        i = bisect.bisect_left(self.keys, sort_key)
+        if i < len(self.keys) and self.keys[i] == sort_key:
+            return True, self.values[i].as_py()
+        return False, None
+
+    def items(self, lo: bytes, hi: bytes) -> list[Entry]:
+        """The entries with sort keys in ``[lo, hi)``, in order."""
+        start, stop = bisect.bisect_left(self.keys, lo), bisect.bisect_left(self.keys, hi)
+        values = self.values.slice(start, stop - start).to_pylist()
+        return list(zip(self.keys[start:stop], values, strict=True))
 
 
 class BlockCache:
@@ -106,7 +145,7 @@ class BlockCache:
         #: Bytes this cache has written to its folder (the process-wide cache trims it).
         self.disk_bytes = 0
         self._indexes: dict[str, RunIndex] = {}
-        self._decoded: OrderedDict[tuple[str, int], tuple[Decoded, int]] = OrderedDict()
+        self._decoded: OrderedDict[tuple[str, int], DecodedBlock] = OrderedDict()
         self._decoded_size = 0
         self._dirs: dict[str, str] = {}
         if directory is not None:
@@ -131,9 +170,9 @@ class BlockCache:
             found = self._indexes[ref.index] = RunIndex.from_bytes(data, f"run {ref.data}")
         return found
 
-    def entries(self, ref: RunRef, numbers: Iterable[int]) -> dict[int, Decoded]:
-        """Blocks ``numbers`` of run ``ref`` decoded: sort key → value, in key order."""
-        out: dict[int, Decoded] = {}
+    def entries(self, ref: RunRef, numbers: Iterable[int]) -> dict[int, DecodedBlock]:
+        """Blocks ``numbers`` of run ``ref``, decoded (memory, else disk, else the store)."""
+        out: dict[int, DecodedBlock] = {}
         raw_needed = []
         for n in numbers:
             hit = self._decoded.get((ref.data, n))
@@ -141,31 +180,36 @@ class BlockCache:
                 raw_needed.append(n)
             else:
                 self._decoded.move_to_end((ref.data, n))
-                out[n] = hit[0]
+                out[n] = hit
         if raw_needed:
             index = self.index(ref)
             for n, data in self.blocks(ref, raw_needed).items():
                 batch = decode_batch(
                     data, index.blocks[n], f"run {self.store.url}/{ref.data} block {n}"
                 )
-                kgs = batch.column(0).to_pylist()
-                keys = batch.column(1).to_pylist()
-                values = batch.column(2).to_pylist()
-                decoded = {
-                    kg.to_bytes(2, "big") + k: v for kg, k, v in zip(kgs, keys, values, strict=True)
-                }
-                size = batch.nbytes + _ENTRY_OVERHEAD * batch.num_rows
-                self._remember((ref.data, n), decoded, size)
+                decoded = DecodedBlock(batch)
+                self._remember((ref.data, n), decoded)
                 self.stats.blocks_decoded += 1
                 out[n] = decoded
         return out
 
-    def _remember(self, slot: tuple[str, int], decoded: Decoded, size: int) -> None:
-        self._decoded[slot] = (decoded, size)
-        self._decoded_size += size
+    def _remember(self, slot: tuple[str, int], decoded: DecodedBlock) -> None:
+        self._decoded[slot] = decoded
+        self._decoded_size += decoded.size
         while self._decoded_size > self.memory_bytes and len(self._decoded) > 1:
-            _, (_, dropped) = self._decoded.popitem(last=False)
-            self._decoded_size -= dropped
+            _, dropped = self._decoded.popitem(last=False)
+            self._decoded_size -= dropped.size
+
+    def keep_run(self, ref: RunRef, data: bytes, index: bytes) -> None:
+        """Put a run this process just wrote into the disk cache (its index and blocks),
+        so the next batch on this machine does not fetch back what it uploaded."""
+        if self.directory is None:
+            return
+        parsed = RunIndex.from_bytes(index, f"run {ref.data}")
+        self._keep(ref.index, "index", index)
+        self._indexes[ref.index] = parsed
+        for n, b in enumerate(parsed.blocks):
+            self._keep(ref.data, str(n), data[b.offset : b.offset + b.length])
 
     def blocks(self, ref: RunRef, numbers: Iterable[int], keep: bool = True) -> dict[int, bytes]:
         """The raw bytes of blocks ``numbers`` of run ``ref`` (local disk, else the store);
@@ -181,17 +225,24 @@ class BlockCache:
                 out[n] = data
                 self.stats.blocks_hit += 1
         if missing:
+            spans = coalesce(index, missing)
 
-            def fetch(n: int) -> tuple[int, bytes]:
-                b = index.blocks[n]
-                return n, self._fetch(ref.data, (b.offset, b.length))
+            def fetch(span: list[int]) -> list[tuple[int, bytes]]:
+                first, last = index.blocks[span[0]], index.blocks[span[-1]]
+                start = first.offset
+                data = self._fetch(ref.data, (start, last.offset + last.length - start))
+                return [
+                    (n, data[index.blocks[n].offset - start :][: index.blocks[n].length])
+                    for n in span
+                ]
 
-            with ThreadPoolExecutor(min(FETCH_THREADS, len(missing))) as pool:
-                for n, data in pool.map(fetch, missing):
-                    if keep:
-                        self._keep(ref.data, str(n), data)
-                    out[n] = data
-                    self.stats.blocks_fetched += 1
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(spans))) as pool:
+                for fetched in pool.map(fetch, spans):
+                    for n, data in fetched:
+                        if keep:
+                            self._keep(ref.data, str(n), data)
+                        out[n] = data
+                        self.stats.blocks_fetched += 1
         return out
 
     def _fetch(self, key: str, span: tuple[int, int] | None) -> bytes:
@@ -241,6 +292,22 @@ class BlockCache:
             ) from e
 
 
+def coalesce(index: RunIndex, numbers: Iterable[int]) -> list[list[int]]:
+    """Block numbers grouped into runs of blocks fetched by one ranged GET each: blocks
+    at most :data:`COALESCE_GAP` bytes apart, at most :data:`COALESCE_MAX` bytes a GET."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        block = index.blocks[n]
+        if spans:
+            head, tail = index.blocks[spans[-1][0]], index.blocks[spans[-1][-1]]
+            gap = block.offset - (tail.offset + tail.length)
+            if gap <= COALESCE_GAP and block.offset + block.length - head.offset <= COALESCE_MAX:
+                spans[-1].append(n)
+                continue
+        spans.append([n])
+    return spans
+
+
 def lookup(
     cache: BlockCache, runs: Sequence[RunRef], sort_keys: Iterable[bytes]
 ) -> dict[bytes, bytes | None]:
@@ -260,8 +327,9 @@ def lookup(
         for n, keys in candidates.items():
             block = decoded[n]
             for k in keys:
-                if k in block:
-                    found[k] = block[k]
+                hit, value = block.get(k)
+                if hit:
+                    found[k] = value
                     wanted.discard(k)
     return found
 
@@ -278,7 +346,5 @@ def scan(cache: BlockCache, runs: Sequence[RunRef], lo: bytes, hi: bytes) -> lis
             continue
         numbers = cache.index(ref).blocks_between(lo_ref, hi_ref)
         decoded = cache.entries(ref, numbers)
-        per_run.append(
-            [(k, v) for n in numbers for k, v in decoded[n].items() if lo_ref <= k < hi_ref]
-        )
+        per_run.append([e for n in numbers for e in decoded[n].items(lo_ref, hi_ref)])
     return list(merge(per_run, keep_deletions=False))

@@ -31,6 +31,8 @@ class TimerQueue:
     def __init__(self) -> None:
         self._live: dict[int, set[tuple[int, bytes]]] = {}
         self._heap: list[tuple[int, int, bytes]] = []
+        #: (key-group, key) → its timestamps: a key's timers without scanning its group.
+        self._by_key: dict[tuple[int, bytes], set[int]] = {}
 
     def register(self, key_group: int, key_bytes: bytes, timestamp: int) -> bool:
         """Add a timer; False if it already existed (nothing changed)."""
@@ -38,6 +40,7 @@ class TimerQueue:
         if (timestamp, key_bytes) in live:
             return False
         live.add((timestamp, key_bytes))
+        self._by_key.setdefault((key_group, key_bytes), set()).add(timestamp)
         heapq.heappush(self._heap, (timestamp, key_group, key_bytes))
         return True
 
@@ -47,16 +50,25 @@ class TimerQueue:
         if not live or (timestamp, key_bytes) not in live:
             return False
         live.discard((timestamp, key_bytes))
+        self._forget(key_group, key_bytes, timestamp)
         return True
 
+    def _forget(self, key_group: int, key_bytes: bytes, timestamp: int) -> None:
+        stamps = self._by_key.get((key_group, key_bytes))
+        if stamps is not None:
+            stamps.discard(timestamp)
+            if not stamps:
+                del self._by_key[key_group, key_bytes]
+
     def of_key(self, key_group: int, key_bytes: bytes) -> list[int]:
-        return sorted(ts for ts, kb in self._live.get(key_group, ()) if kb == key_bytes)
+        return sorted(self._by_key.get((key_group, key_bytes), ()))
 
     def of_group(self, key_group: int) -> list[tuple[int, bytes]]:
         return sorted(self._live.get(key_group, ()))
 
     def drop_group(self, key_group: int) -> None:
-        self._live.pop(key_group, None)
+        for timestamp, key_bytes in self._live.pop(key_group, ()):
+            self._forget(key_group, key_bytes, timestamp)
 
     def pop_due(self, watermark: int) -> Timer | None:
         """The next live timer with ``timestamp <= watermark``, removed; else None."""
@@ -65,6 +77,7 @@ class TimerQueue:
             live = self._live.get(key_group)
             if live and (timestamp, key_bytes) in live:
                 live.discard((timestamp, key_bytes))
+                self._forget(key_group, key_bytes, timestamp)
                 return Timer(timestamp, key_group, key_bytes)
         return None
 
