@@ -479,7 +479,7 @@ def fill_disk_cache(store: ObjectStore, manifest: Manifest, directory: Path) -> 
     for ref in {r.data: r for r in manifest.runs or ()}.values():
         blocks = len(cache.index(ref).blocks)
         for start in range(0, blocks, 8192):
-            cache.blocks(ref, range(start, min(start + 8192, blocks)))
+            cache.batches(ref, range(start, min(start + 8192, blocks)))
     return cache.stats.bytes_fetched, time.monotonic() - started
 
 

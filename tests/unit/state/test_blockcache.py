@@ -87,8 +87,17 @@ def test_a_corrupt_cached_block_is_an_error_not_an_empty_state(store, big, tmp_p
     for p in blocks:
         p.write_bytes(p.read_bytes()[:-3])
 
-    with pytest.raises(CheckpointError, match=r"runs/big.arrow block \d+: checksum mismatch"):
+    with pytest.raises(CheckpointError, match=r"runs/big.arrow block \d+ in .* is corrupt"):
         lookup(BlockCache(store, tmp_path / "cache"), [big], [key(2, 2)])
+
+
+def test_a_corrupt_block_in_the_store_is_an_error_naming_run_and_block(store, big) -> None:
+    data = bytearray(store.inner.get(big.data))
+    data[len(data) // 2] ^= 0xFF
+    store.inner.put(big.data, bytes(data))
+
+    with pytest.raises(CheckpointError, match=r"runs/big.arrow block \d+: checksum mismatch"):
+        scan(BlockCache(store), [big], composite(0, b""), composite(16, b""))
 
 
 def test_a_cache_folder_that_cannot_be_written_fails_naming_it(store, tmp_path) -> None:

@@ -42,7 +42,7 @@ from microbatch.state.bundle import (
     timers_until,
 )
 from microbatch.state.compaction import runs_to_merge
-from microbatch.state.runs import Entry, composite, decode_batch, encode_run, merge, split
+from microbatch.state.runs import Entry, composite, encode_run, merge, split
 from microbatch.storage import ObjectStore
 
 #: Blocks fetched at a time while a merge streams through a run.
@@ -171,11 +171,9 @@ def iter_entries(cache: BlockCache, ref: RunRef) -> Iterator[Entry]:
     numbers = index.blocks_between(lo, hi)
     for start in range(numbers.start, numbers.stop, MERGE_CHUNK):
         chunk = range(start, min(start + MERGE_CHUNK, numbers.stop))
-        raw = cache.blocks(ref, chunk, keep=False)
+        batches = cache.batches(ref, chunk, keep=False)
         for n in chunk:
-            batch = decode_batch(
-                raw[n], index.blocks[n], f"run {cache.store.url}/{ref.data} block {n}"
-            )
+            batch = batches[n]
             kgs = batch.column(0).to_pylist()
             keys = batch.column(1).to_pylist()
             values = batch.column(2).to_pylist()

@@ -31,6 +31,7 @@ import dataclasses
 import heapq
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -74,9 +75,9 @@ def split(sort_key: bytes) -> tuple[int, bytes]:
     return int.from_bytes(sort_key[:2], "big"), sort_key[2:]
 
 
-@dataclasses.dataclass(frozen=True)
-class Block:
-    """Where one block sits in a run's data file and which sort keys it spans."""
+class Block(NamedTuple):
+    """Where one block sits in a run's data file and which sort keys it spans (a named
+    tuple: a run's index holds tens of thousands, built at once when it is read)."""
 
     first: bytes
     last: bytes
@@ -150,8 +151,8 @@ class RunIndex:
     def from_bytes(cls, data: bytes, where: str) -> RunIndex:
         try:
             table = ipc.open_file(pa.py_buffer(data)).read_all()
-            rows = table.to_pylist()
-            return cls(tuple(Block(**r) for r in rows))
+            columns = [table.column(f.name).to_pylist() for f in INDEX_SCHEMA]
+            return cls(tuple(map(Block._make, zip(*columns, strict=True))))
         except (pa.ArrowException, OSError, TypeError, KeyError) as e:
             raise CheckpointError(f"{where}: the run index cannot be read ({e})") from e
 
