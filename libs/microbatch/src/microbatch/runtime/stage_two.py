@@ -49,6 +49,7 @@ from microbatch.checkpoint.runstate import (
 )
 from microbatch.errors import CheckpointError, ConfigError, ProcessError, error_text
 from microbatch.keygroups import decode_key, key_group_range
+from microbatch.runtime.columnar import batch_records
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     PENDING,
@@ -62,7 +63,7 @@ from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.process import ProcessContext
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
-from microbatch.runtime.stage_one import gc_paused, payload_decoder
+from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import run_windows
 from microbatch.settings import Settings
@@ -252,12 +253,11 @@ class StageTwo:
         # Step 2: process() per key (or, for windows, the whole batch's columns).
         recs = table.filter(pc.equal(table.column("kind"), RECORD))
         recs = recs.sort_by([(c, "ascending") for c in ("key", *SOURCE_ORDER)])
-        cols = recs.select(["key", "key_group", "topic", "partition", "offset", "payload"])
         runs = key_runs(recs.column("key"))
-        cols = cols.to_pydict()
-        keys, key_groups, payloads = cols["key"], cols["key_group"], cols["payload"]
-        n = len(keys)
-        stats["records"] = n
+        firsts = pa.array([i for i, _ in runs], pa.int64())
+        keys = recs.column("key").take(firsts).to_pylist()  # one per run: distinct, sorted
+        key_groups = recs.column("key_group").take(firsts).to_pylist()
+        stats["records"] = recs.num_rows
         if not state.migrated:
             try:
                 load_keys(state.cache, state.runs, backend, dict.fromkeys(keys), state.loaded)
@@ -275,29 +275,41 @@ class StageTwo:
         stats["state_requests"] = restored["requests"]
         stats["state_bytes_fetched"] = restored["bytes"]
         t_restore = time.perf_counter()
-        decode = payload_decoder(pipeline)
+        records_of = batch_records(pipeline, recs)
+        topics, partitions, offsets = (recs.column(c) for c in ("topic", "partition", "offset"))
+
+        def source(r: int) -> dict[str, Any]:
+            return {"topic": topics[r].as_py(), "partition": partitions[r].as_py(),
+                    "offset": offsets[r].as_py()}  # fmt: skip
+
         if getattr(pipeline.process, "columnar", False):
             emitted: list[Any] = []
+            everything = records_of(0, recs.num_rows)
             stats.update(
                 run_windows(
                     pipeline.process.operator,  # type: ignore[attr-defined]
                     backend,
-                    [decode(p) for p in payloads],
-                    keys,
-                    list(zip(cols["topic"], cols["partition"], cols["offset"], strict=True)),
-                    recs.column("event_ts").to_pylist(),
+                    everything.columns(),
+                    recs.column("key"),
+                    partitions,
+                    offsets,
+                    recs.column("event_ts"),
                     WatermarkState.from_json(self.event_time).watermark,
                     watermark,
                     emitted.append,
-                    dead_letter,
+                    lambda reason, error, i: dead_letter(
+                        reason,
+                        error,
+                        raw_value=json.dumps(everything[i], default=str).encode(),
+                        **source(i),
+                    ),
                 )
             )
             for rows in outputs.values():
                 rows.extend(emitted)
-            runs = []  # no per-key calls
-        for i, j in runs:
-            key_bytes, kg = keys[i], key_groups[i]
-            records = [decode(p) for p in payloads[i:j]]
+            runs = []  # no per-key calls (zip below stops at once)
+        for (i, j), key_bytes, kg in zip(runs, keys, key_groups, strict=False):
+            records = records_of(i, j)
             key = decode_key(key_bytes)
             backup = (
                 _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None
@@ -306,7 +318,8 @@ class StageTwo:
             try:
                 pipeline.process.process(key, records, ctx)
             except Exception as e:
-                first = f"{cols['topic'][i]}[{cols['partition'][i]}]@{cols['offset'][i]}"
+                at = source(i)
+                first = f"{at['topic']}[{at['partition']}]@{at['offset']}"
                 if backup is None:
                     raise ProcessError(
                         f"{self._where(instance)}: process() raised for key {key!r} "
@@ -316,8 +329,7 @@ class StageTwo:
                 backup.restore()
                 for r in range(i, j):
                     dead_letter(
-                        "process_failed", error_text(e), topic=cols["topic"][r],
-                        partition=cols["partition"][r], offset=cols["offset"][r],
+                        "process_failed", error_text(e), **source(r),
                         raw_value=json.dumps(records[r - i], default=str).encode(),
                     )  # fmt: skip
             else:
