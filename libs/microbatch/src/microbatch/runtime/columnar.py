@@ -67,12 +67,11 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     for i in np.nonzero(slow)[0].tolist():  # rare: through the per-record checks
         record = table.slice(i, 1).to_pylist()[0]
         try:
-            kb, kg, t = stage.keyed(record)
+            _, _, t = stage.keyed(record)  # the key, if any, is the one computed already
         except _Bad as bad:
             dead[int(rows[i])] = (bad.reason, bad.error)
             ok[i] = False
             continue
-        key_bytes[i], key_groups[i] = kb, kg
         if ts is not None:
             ts[i] = t
     keep = np.nonzero(ok)[0]
@@ -88,7 +87,7 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
         pa.array(np.zeros(n, dtype=np.int32)),
         pa.array(instance_of[kgs]),
         pa.array(kgs),
-        pa.array(key_bytes[keep].tolist(), pa.binary()),
+        key_bytes.take(pa.array(keep)),
         pa.nulls(n, pa.int64()) if ts is None else pa.array(ts[keep], pa.int64()),
         pa.nulls(n, pa.binary()),
         *(table.column(f.name).take(pa.array(keep)).combine_chunks() for f in values),
@@ -101,13 +100,13 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     return out.build(_inputs(topic, part), stage.parallelism, records)
 
 
-def _keys(stage: StageOne, column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _keys(stage: StageOne, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray, np.ndarray]:
     """Key bytes and key-group of every row, computed once per distinct key (the task's
-    cache of string keys helps across batches), and which rows need the slow path (no
-    key)."""
+    cache of string keys helps across batches), and which rows have no key (the slow
+    path dead-letters them: a row with a key never needs its key computed again)."""
     encoded = column.combine_chunks().dictionary_encode()
     cache = stage._str_keys
-    pairs = []
+    kbs, kgs = [], []
     for key in encoded.dictionary.to_pylist():
         known = cache.get(key) if type(key) is str else None
         if known is None:
@@ -117,15 +116,14 @@ def _keys(stage: StageOne, column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndar
                 if len(cache) >= 100_000:
                     cache.clear()
                 cache[key] = known
-        pairs.append(known)
-    slow = encoded.indices.is_null().to_numpy(zero_copy_only=False)
-    index = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
-    if not pairs:  # every key null (or no row)
-        return np.full(len(index), b"", dtype=object), np.zeros(len(index), np.int64), slow.copy()
-    kbs = np.empty(len(pairs), dtype=object)
-    kbs[:] = [kb for kb, _ in pairs]
-    kgs = np.array([kg for _, kg in pairs], dtype=np.int64)
-    return kbs[index], kgs[index], slow.copy()
+        kbs.append(known[0])
+        kgs.append(known[1])
+    slow = encoded.indices.is_null().to_numpy(zero_copy_only=False).copy()
+    index = encoded.indices.fill_null(0)
+    if not kbs:  # every key null (or no row)
+        return pa.nulls(len(index), pa.binary()), np.zeros(len(index), np.int64), slow
+    key_bytes = pa.array(kbs, pa.binary()).take(index)
+    return key_bytes, np.array(kgs, dtype=np.int64)[index.to_numpy(zero_copy_only=False)], slow
 
 
 def _event_times(stage: StageOne, table: pa.Table, slow: np.ndarray) -> np.ndarray | None:
