@@ -139,9 +139,10 @@ def test_enriched_pipelines_check_the_schema_record_by_record() -> None:
 
 def test_lazy_records_build_dicts_only_when_read() -> None:
     table = pa.table({"user": ["a", "a", "b"], "n": [1, 2, 3]})
-    records = LazyRecords(table, 1, 3)
+    records = LazyRecords(table, pa.array([1, 2]))
 
     assert len(records) == 2 and records._built is None
+    assert records.record(1) == {"user": "b", "n": 3} and records._built is None
     assert records == [{"user": "a", "n": 2}, {"user": "b", "n": 3}]
     assert records[-1] == {"user": "b", "n": 3} and [r["n"] for r in records] == [2, 3]
     assert pc.sum(records.columns().column("n")).as_py() == 5

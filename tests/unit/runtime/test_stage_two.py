@@ -15,7 +15,7 @@ from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pip
 from microbatch.runtime.envelope import ENVELOPE_SCHEMA, EnvelopeBuilder
 from microbatch.runtime.protocol import agreed_stage_one
 from microbatch.runtime.records import StageOneTotals
-from microbatch.runtime.stage_two import StageTwo, key_runs, sorted_records
+from microbatch.runtime.stage_two import SortedRecords, StageTwo, key_runs
 from microbatch.runtime.watermark import WatermarkState
 from microbatch.settings import Settings
 
@@ -129,7 +129,7 @@ def test_records_are_sorted_by_key_bytes_then_source_order() -> None:
     out.dead("t1", 0, 4, 2, "undecodable", "bad", None, b"x")
     table = pa.Table.from_batches([out.build(Counter(), parallelism=2)], schema=ENVELOPE_SCHEMA)
 
-    got = sorted_records(table).select(["key", "topic", "partition", "offset"]).to_pylist()
+    got = SortedRecords(table).select(["key", "topic", "partition", "offset"]).to_pylist()
 
     expected = table.filter(pc.equal(table.column("kind"), "record")).sort_by(
         [(c, "ascending") for c in ("key", "topic", "partition", "offset", "seq")]

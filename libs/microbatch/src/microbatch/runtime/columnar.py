@@ -9,8 +9,8 @@ or unusual — a value that does not match the schema, a null key or event time,
 ISO-8601 event time, a late record — and then goes through the very code the
 per-record path uses (``StageOne.keyed``), so errors read the same.
 
-Stage 2 (:class:`LazyRecords`): a key's records are built from the columns only when
-``process()`` reads them; ``len(records)`` builds none.
+Stage 2 (:class:`LazyRecords`): a key's records are taken from the columns and built
+only when ``process()`` reads them; ``len(records)`` takes and builds none.
 """
 
 from __future__ import annotations
@@ -159,15 +159,15 @@ def _inputs(topic: pa.Array, part: pa.Array) -> Counter[tuple[str, int]]:
     )
 
 
-def batch_records(pipeline: Any, recs: pa.Table) -> Callable[[int, int], Any]:
-    """How stage 2 gets the records of rows ``[i, j)`` of the instance's sorted record
-    rows: :class:`LazyRecords` over the columns, or (payload pipelines) a
-    :class:`DecodedRecords` list decoded now. Both give the rows' columns (``columns()``)
-    for windows."""
+def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
+    """How stage 2 gets the records ``[i, j)`` of an instance's records in processing
+    order (``recs``: a ``stage_two.SortedRecords``): :class:`LazyRecords` over the
+    columns, or (payload pipelines) a :class:`DecodedRecords` list decoded now. Both give
+    the records' columns (``columns()``) for windows."""
     values = columnar_values(pipeline)
     if values is not None:
-        fields = value_columns(recs, values)
-        return lambda i, j: LazyRecords(fields, i, j)
+        fields = value_columns(recs.table, values)
+        return lambda i, j: LazyRecords(fields, recs.rows.slice(i, j - i))
     from microbatch.runtime.stage_one import payload_decoder
 
     decode = payload_decoder(pipeline)
@@ -181,34 +181,43 @@ class DecodedRecords(list):  # type: ignore[type-arg]
     def columns(self) -> pa.Table:
         return pa.Table.from_pylist(self) if self else pa.table({})
 
+    def record(self, i: int) -> Any:
+        return self[i]
+
 
 class LazyRecords(Sequence[dict[str, Any]]):
-    """One key's records as a read-only sequence of dicts, built from the columns
-    (``table`` rows ``[start, end)``) on first access; ``len()`` builds nothing."""
+    """Records as a read-only sequence of dicts, built from the columns (``table`` rows
+    at ``rows``) on first access; ``len()`` builds nothing."""
 
-    __slots__ = ("_built", "_end", "_start", "_table")
+    __slots__ = ("_built", "_rows", "_table")
 
-    def __init__(self, table: pa.Table, start: int, end: int) -> None:
-        self._table, self._start, self._end = table, start, end
+    def __init__(self, table: pa.Table, rows: pa.Array) -> None:
+        self._table, self._rows = table, rows
         self._built: list[dict[str, Any]] | None = None
 
-    def _rows(self) -> list[dict[str, Any]]:
+    def _records(self) -> list[dict[str, Any]]:
         if self._built is None:
-            self._built = self._table.slice(self._start, self._end - self._start).to_pylist()
+            self._built = self.columns().to_pylist()
         return self._built
 
     def __len__(self) -> int:
-        return self._end - self._start
+        return len(self._rows)
 
     def columns(self) -> pa.Table:
         """The records' columns, without building a dict."""
-        return self._table.slice(self._start, self._end - self._start)
+        return self._table.take(self._rows)
 
     def __getitem__(self, index: Any) -> Any:
-        return self._rows()[index]
+        return self._records()[index]
+
+    def record(self, i: int) -> dict[str, Any]:
+        """The ``i``-th record alone (the others stay columns)."""
+        if self._built is not None:
+            return self._built[i]
+        return self._table.take(self._rows.slice(i, 1)).to_pylist()[0]  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self._rows())
+        return iter(self._records())
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str | bytes):

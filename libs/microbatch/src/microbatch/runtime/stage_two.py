@@ -109,23 +109,47 @@ def _copy(entry: Any) -> Any:
     return entry
 
 
-def sorted_records(table: pa.Table) -> pa.Table:
-    """The ``record`` rows of ``table`` by key bytes, then source order.
+class SortedRecords:
+    """The ``record`` rows of an instance's table in processing order — key bytes, then
+    source order — as row indices into the table; a column is taken in that order only
+    when asked for (a key's fields are taken when ``process()`` reads its records).
 
     Sorted on ranks, not on the bytes themselves: each distinct key (and topic) is ranked
-    among the distinct ones, then the rows are sorted by integers and taken once — the
-    same order as sorting on the binary columns, ~3x faster."""
-    mask = pc.equal(table.column("kind"), RECORD)
-    order = table.select(["key", *SOURCE_ORDER]).filter(mask)
-    ranks = pa.table(
-        {
-            "key": _ranks(order.column("key")),
-            "topic": _ranks(order.column("topic")),
-            **{c: order.column(c) for c in SOURCE_ORDER[1:]},
-        }
-    )
-    by = pc.sort_indices(ranks, sort_keys=[(c, "ascending") for c in ("key", *SOURCE_ORDER)])
-    return table.take(pc.indices_nonzero(mask).take(by))
+    among the distinct ones and the rows are sorted by integers — the same order as
+    sorting on the binary columns, several times faster."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        mask = pc.equal(table.column("kind"), RECORD)
+        order = table.select(["key", *SOURCE_ORDER]).filter(mask)
+        ranks = pa.table(
+            {
+                "key": _ranks(order.column("key")),
+                "topic": _ranks(order.column("topic")),
+                **{c: order.column(c) for c in SOURCE_ORDER[1:]},
+            }
+        )
+        by = pc.sort_indices(ranks, sort_keys=[(c, "ascending") for c in ("key", *SOURCE_ORDER)])
+        self.rows = pc.indices_nonzero(mask).take(by)
+        self.num_rows = len(self.rows)
+        self._taken: dict[str, pa.ChunkedArray] = {}
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        if name not in self._taken:
+            self._taken[name] = self.table.column(name).take(self.rows)
+        return self._taken[name]
+
+    def at(self, name: str, positions: pa.Array) -> pa.Array | pa.ChunkedArray:
+        """Column ``name`` at the given positions of the processing order only."""
+        return self.table.column(name).take(self.rows.take(positions))
+
+    def select(self, names: list[str]) -> pa.Table:
+        return pa.table({name: self.column(name) for name in names})
+
+    def source(self, i: int) -> dict[str, Any]:
+        """Topic, partition and offset of the ``i``-th record (for errors)."""
+        row = self.rows[i].as_py()
+        return {c: self.table.column(c)[row].as_py() for c in ("topic", "partition", "offset")}
 
 
 def _ranks(column: pa.ChunkedArray) -> pa.Array:
@@ -277,11 +301,11 @@ class StageTwo:
             )  # fmt: skip
 
         # Step 2: process() per key (or, for windows, the whole batch's columns).
-        recs = sorted_records(table)
+        recs = SortedRecords(table)
         runs = key_runs(recs.column("key"))
         firsts = pa.array([i for i, _ in runs], pa.int64())
         keys = recs.column("key").take(firsts).to_pylist()  # one per run: distinct, sorted
-        key_groups = recs.column("key_group").take(firsts).to_pylist()
+        key_groups = recs.at("key_group", firsts).to_pylist()
         stats["records"] = recs.num_rows
         if not state.migrated:
             try:
@@ -301,11 +325,7 @@ class StageTwo:
         stats["state_bytes_fetched"] = restored["bytes"]
         t_restore = time.perf_counter()
         records_of = batch_records(pipeline, recs)
-        topics, partitions, offsets = (recs.column(c) for c in ("topic", "partition", "offset"))
-
-        def source(r: int) -> dict[str, Any]:
-            return {"topic": topics[r].as_py(), "partition": partitions[r].as_py(),
-                    "offset": offsets[r].as_py()}  # fmt: skip
+        source = recs.source
 
         if getattr(pipeline.process, "columnar", False):
             emitted: list[Any] = []
@@ -316,8 +336,8 @@ class StageTwo:
                     backend,
                     everything.columns(),
                     recs.column("key"),
-                    partitions,
-                    offsets,
+                    recs.column("partition"),
+                    recs.column("offset"),
                     recs.column("event_ts"),
                     WatermarkState.from_json(self.event_time).watermark,
                     watermark,
@@ -325,7 +345,7 @@ class StageTwo:
                     lambda reason, error, i: dead_letter(
                         reason,
                         error,
-                        raw_value=json.dumps(everything[i], default=str).encode(),
+                        raw_value=json.dumps(everything.record(i), default=str).encode(),
                         **source(i),
                     ),
                 )
