@@ -45,7 +45,9 @@ driver's REST API: where the time goes.
 (``KafkaSource(value_schema=JsonSchema({"user_id": "string", "page": "string", "ts":
 "long"}))``, no enrichment, as the reference has none): stage 1 decodes each Arrow batch
 of values with ``pyarrow.json`` and keys it per distinct key, stage 2 counts
-``len(records)`` without building a record. Target then: ≥ 2.0.
+``len(records)`` without building a record. Target then: ≥ 2.0. An extra row runs the
+same keyed count without a schema (per-record JSON) and without enrichment: what the
+schema itself buys.
 
 ``--sink delta`` writes microbatch's counts to a Delta table (``DeltaSink``) instead of
 the Parquet sink: the end-to-end cost of the table sink, against the same reference.
@@ -163,8 +165,11 @@ def make_pipeline(
     reader: str = "spark",
     sink: str = "parquet",
     schema: bool = False,
+    enrich: bool | None = None,
 ) -> Pipeline:
-    """The keyed count; ``schema``: with a declared value schema and no enrichment."""
+    """The keyed count; ``schema``: with a declared value schema; ``enrich``: through the
+    pass-through enrichment (default: without a schema only)."""
+    enrich = not schema if enrich is None else enrich
     return Pipeline(
         name=name,
         source=KafkaSource(
@@ -173,7 +178,7 @@ def make_pipeline(
             reader=reader,  # type: ignore[arg-type]
             value_schema=EVENT_SCHEMA if schema else None,
         ),
-        enrich=None if schema else Enrichment(make_operator),
+        enrich=Enrichment(make_operator) if enrich else None,
         key_by="user_id",
         process=CountPerUser(),
         sinks=[make_sink(root, sink)],
@@ -407,7 +412,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     if args.stages:
         conf |= {"spark.ui.enabled": "true", "spark.ui.port": "0"}
     spark = spark_session(settings, "bench-pipeline", conf=conf)
-    runs: dict[str, list[Run]] = {"spark": [], "python": [], "ss": []}
+    runs: dict[str, list[Run]] = {"spark": [], "python": [], "ss": [], "plain": []}
     empty: list[float] = []
     try:
         if args.warmup:
@@ -425,15 +430,18 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             run_structured_streaming(spark, bootstrap, warm_topic, work / "w-ss")
 
         def microbatch_run(i: int, reader: str) -> None:
+            """``reader`` "plain": the Spark reader, no schema, no enrichment."""
             before, cpu = load(), spark_cpu_seconds(spark)
             log(f"[{i + 1}] microbatch ({reader} reader): one batch over the topic ({before}) ...")
+            plain = reader == "plain"
             pipeline = make_pipeline(
                 f"bench-{reader}-{tag}-{i}",
                 topic,
                 work / f"{reader}{i}",
-                reader,
+                "spark" if plain else reader,
                 args.sink,
-                args.schema,
+                args.schema and not plain,
+                enrich=False if plain else None,
             )
             stages_before = spark_stage_ids(spark)
             seconds, result = run_microbatch(spark, settings, pipeline)
@@ -472,6 +480,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             lambda i: microbatch_run(i, "spark"),
             streaming_run,
             *([lambda i: microbatch_run(i, "python")] if args.python_reader else []),
+            *([lambda i: microbatch_run(i, "plain")] if args.schema else []),
         ]
         for i in range(args.repeat):  # rotate the order: load swings hit every engine alike
             for k in range(len(measures)):
@@ -517,6 +526,18 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             f"target ≥ {target}: {'met' if rate['spark'] >= target * rate['ss'] else 'NOT met'}",
         ),
     ]
+    if args.schema:
+        plain_counts = final_counts(read_sink(work / "plain0", args.sink, settings))
+        if plain_counts != mb_counts:
+            match, detail = False, f"the pipeline without a schema counts otherwise; {detail}"
+        rows += [
+            (
+                "microbatch without a schema (per-record JSON, no enrichment)",
+                f"{rate['plain']:,.0f}/s",
+                f"{rate['plain'] / rate['ss']:.2f} of Structured Streaming; "
+                + described(runs["plain"]),
+            )
+        ]
     if args.python_reader:
         rows += [
             (
