@@ -26,10 +26,12 @@ from microbatch.runtime import (
     ParquetSink,
     Pipeline,
 )
-from microbatch.runtime.envelope import ENVELOPE_SCHEMA, SOURCE_COLUMNS, ticks
+from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
 from microbatch.runtime.execute import Execution, has_input
 from microbatch.runtime.phases import Phase, phase_of
+from microbatch.runtime.pipeline import columnar_values
 from microbatch.runtime.records import BatchRecord, InstanceResult
+from microbatch.runtime.schema import JsonSchema
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.settings import Settings
@@ -116,9 +118,10 @@ class InProcess:
                         table.filter(pa.compute.equal(table.column("instance"), i))
                     )
         results = []
+        schema = envelope_schema(columnar_values(stage.pipeline))
         for i in range(stage.parallelism):
-            parts = [*by_instance[i], ticks([i])]
-            table = pa.concat_tables([pa.table(p, schema=ENVELOPE_SCHEMA) for p in parts])
+            parts = [*by_instance[i], ticks([i], schema)]
+            table = pa.concat_tables([pa.table(p, schema=schema) for p in parts])
             out = stage((i,), table)
             results.append(InstanceResult.from_json(json.loads(out.column("result")[0].as_py())))
         return Execution(tuple(results), None)
@@ -321,3 +324,25 @@ def test_files_of_an_attempt_that_lost_the_commit_go_when_the_batch_leaves_reten
 
     assert set(sink.list(ps.batch_prefix(0))) == listed
     assert totals(short) == [("ann", 3), ("bob", 1), ("bob", 2), ("cid", 1)]
+
+
+def test_a_declared_schema_gives_the_same_totals_as_decoding_per_record(
+    pipeline, log, tmp_path
+) -> None:
+    declared = dataclasses.replace(
+        pipeline,
+        source=KafkaSource(topics=("clicks",), value_schema=JsonSchema({"user": "string"})),
+        sinks=[ParquetSink("totals", str(tmp_path / "declared"))],
+        checkpoints=str(tmp_path / "declared-checkpoints"),
+    )
+    runner(pipeline, log).run()
+    runner(declared, log).run()
+    assert totals(declared) == totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]
+
+    log.produce(0, "ann", "dan")
+    log.values[TopicPartition("clicks", 1)].append(b'{"user": 7}')  # a number, not a string
+    result = runner(declared, log).run()
+
+    assert (result.records_in, result.dead_letters) == (3, 1)
+    assert result.dead_letter_reasons == {"schema_mismatch": 1}
+    assert totals(declared) == [("ann", 3), ("ann", 4), ("bob", 1), ("cid", 1), ("dan", 1)]

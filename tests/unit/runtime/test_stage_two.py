@@ -15,7 +15,7 @@ from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pip
 from microbatch.runtime.envelope import ENVELOPE_SCHEMA, EnvelopeBuilder
 from microbatch.runtime.protocol import agreed_stage_one
 from microbatch.runtime.records import StageOneTotals
-from microbatch.runtime.stage_two import StageTwo, key_runs
+from microbatch.runtime.stage_two import SortedRecords, StageTwo, key_runs
 from microbatch.runtime.watermark import WatermarkState
 from microbatch.settings import Settings
 
@@ -118,3 +118,21 @@ def test_instances_that_saw_the_same_counts_of_different_elements_commit_nothing
 
     with pytest.raises(BatchError, match="saw different stage-1 results"):
         agreed_stage_one("pipeline 'p' batch 3", [result(7, 9), result(9, 7)])
+
+
+def test_records_are_sorted_by_key_bytes_then_source_order() -> None:
+    out = EnvelopeBuilder()
+    rows = [("t2", 0, 5, b"sb"), ("t1", 1, 9, b"sa"), ("t1", 0, 7, b"sb"), ("t1", 0, 3, b"sb"),
+            ("t2", 0, 1, b"i\x01"), ("t1", 1, 2, b"sa")]  # fmt: skip
+    for topic, part, off, key in rows:
+        out.record(topic, part, off, 0, 0, 0, key, None, b"{}")
+    out.dead("t1", 0, 4, 2, "undecodable", "bad", None, b"x")
+    table = pa.Table.from_batches([out.build(Counter(), parallelism=2)], schema=ENVELOPE_SCHEMA)
+
+    got = SortedRecords(table).select(["key", "topic", "partition", "offset"]).to_pylist()
+
+    expected = table.filter(pc.equal(table.column("kind"), "record")).sort_by(
+        [(c, "ascending") for c in ("key", "topic", "partition", "offset", "seq")]
+    )
+    assert got == expected.select(["key", "topic", "partition", "offset"]).to_pylist()
+    assert [r["offset"] for r in got] == [1, 2, 9, 3, 7, 5]

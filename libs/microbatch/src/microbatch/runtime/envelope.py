@@ -12,7 +12,11 @@ async operator dead-lettered it, with its attempt count).
 
 A record's ``payload`` is what stage 2 decodes back into the record: its source bytes
 when no enrichment ran (the source decoder reads them again), else the enriched value in
-the *envelope payload* format of :func:`encode_payload`. A dead letter's ``payload`` holds
+the *envelope payload* format of :func:`encode_payload`. A pipeline with a declared value
+schema and no enrichment carries no payload: its envelope has one more column per
+declared field (:func:`envelope_schema`, named ``value_<field>``), filled by stage 1's
+decoded columns and read by stage 2 as columns (``schema_mismatch`` dead letters name
+the field that did not match). A dead letter's ``payload`` holds
 its :class:`DeadLetterDetail` in the same format: dead letters are rare, so the envelope
 carries no columns only they would fill (each one costs every row in the stage-2 shuffle).
 """
@@ -44,6 +48,24 @@ ENVELOPE_SCHEMA = pa.schema(
         ("payload", pa.binary()),
     ]
 )
+#: Prefix of the envelope columns holding a declared schema's fields.
+VALUE_PREFIX = "value_"  # no dot: Spark would read one as a struct field
+
+
+def envelope_schema(values: pa.Schema | None = None) -> pa.Schema:
+    """The envelope's schema: :data:`ENVELOPE_SCHEMA`, plus a nullable ``value_<field>``
+    column per field of ``values`` (the declared schema's columns) when given."""
+    if values is None:
+        return ENVELOPE_SCHEMA
+    extra = [pa.field(VALUE_PREFIX + f.name, f.type) for f in values]
+    return pa.schema([*ENVELOPE_SCHEMA, *extra])
+
+
+def value_columns(table: pa.Table, values: pa.Schema) -> pa.Table:
+    """The declared fields' columns of envelope rows, under the fields' own names."""
+    return table.select([VALUE_PREFIX + f.name for f in values]).rename_columns(values.names)
+
+
 RECORD = "record"
 DEAD_LETTER = "dead_letter"
 #: An enrichment input not finished by the batch deadline; ``payload`` is the pending
@@ -185,10 +207,13 @@ def unkeyed_instance(part: int, off: int, parallelism: int) -> int:
 
 
 class EnvelopeBuilder:
-    """Envelope rows in arrival order, made into one Arrow batch at the end."""
+    """Envelope rows in arrival order, made into one Arrow batch at the end; ``schema``
+    (:func:`envelope_schema`): columns beyond :data:`ENVELOPE_SCHEMA`'s are null in the
+    rows added here."""
 
-    def __init__(self) -> None:
+    def __init__(self, schema: pa.Schema = ENVELOPE_SCHEMA) -> None:
         self.rows: list[tuple[Any, ...]] = []
+        self.schema = schema
 
     def add(
         self,
@@ -228,22 +253,34 @@ class EnvelopeBuilder:
         detail = DeadLetterDetail(reason, error, raw_key, raw_value, attempts).to_payload()
         self.add(DEAD_LETTER, topic, part, off, seq, inst, None, None, None, detail)
 
-    def build(self, inputs: Counter[tuple[str, int]], parallelism: int) -> pa.RecordBatch:
-        """The rows as one Arrow batch, followed by the ``stat`` rows of every source
-        partition seen (``inputs``: records consumed per partition), one per instance."""
+    def build(
+        self,
+        inputs: Counter[tuple[str, int]],
+        parallelism: int,
+        records: pa.RecordBatch | None = None,
+    ) -> pa.RecordBatch:
+        """The rows as one Arrow batch (after ``records``, rows built as columns), followed
+        by the ``stat`` rows of every source partition seen (``inputs``: records consumed
+        per partition), one per instance."""
         rows = self.rows_batch()
-        return pa.concat_batches([rows, _stat_rows(rows, inputs, parallelism)])
+        if records is not None:
+            rows = pa.concat_batches([records, rows])
+        stats = _stat_rows(rows, inputs, parallelism, self.schema)
+        return pa.concat_batches([rows, stats])
 
     def rows_batch(self) -> pa.RecordBatch:
-        columns = zip(*self.rows, strict=True) if self.rows else [()] * len(ENVELOPE_SCHEMA)
-        return pa.RecordBatch.from_arrays(
-            [pa.array(c, f.type) for c, f in zip(columns, ENVELOPE_SCHEMA, strict=True)],
-            schema=ENVELOPE_SCHEMA,
-        )
+        n = len(ENVELOPE_SCHEMA)
+        columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * n
+        arrays = [pa.array(c, f.type) for c, f in zip(columns, ENVELOPE_SCHEMA, strict=True)]
+        arrays += [pa.nulls(len(self.rows), f.type) for f in list(self.schema)[n:]]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
 def _stat_rows(
-    rows: pa.RecordBatch, inputs: Counter[tuple[str, int]], parallelism: int
+    rows: pa.RecordBatch,
+    inputs: Counter[tuple[str, int]],
+    parallelism: int,
+    schema: pa.Schema = ENVELOPE_SCHEMA,
 ) -> pa.RecordBatch:
     """The :class:`PartitionStats` of ``rows`` per source partition, counted by Arrow (the
     hot path adds rows without counting), as ``stat`` rows for every instance."""
@@ -261,7 +298,7 @@ def _stat_rows(
         sums.setdefault(tp, {})[g["kind"]] = g["offset_sum"] or 0
         if g["kind"] == RECORD:
             top[tp] = g["event_ts_max"]
-    stat = EnvelopeBuilder()
+    stat = EnvelopeBuilder(schema)
     for (topic, part), n in sorted(counts.items()):
         payload = encode_payload(
             tuple(
@@ -288,10 +325,10 @@ def partition_stats(payload: bytes) -> PartitionStats:
     return PartitionStats(*decode_payload(payload))
 
 
-def ticks(instances: Iterable[int]) -> pa.Table:
-    """One ``tick`` row per instance."""
+def ticks(instances: Iterable[int], schema: pa.Schema = ENVELOPE_SCHEMA) -> pa.Table:
+    """One ``tick`` row per instance (``schema``: the pipeline's :func:`envelope_schema`)."""
     instances = list(instances)
-    cols: dict[str, list[Any]] = {f.name: [None] * len(instances) for f in ENVELOPE_SCHEMA}
+    cols: dict[str, list[Any]] = {f.name: [None] * len(instances) for f in schema}
     cols["kind"] = [TICK] * len(instances)
     cols["instance"] = instances
-    return pa.Table.from_pydict(cols, schema=ENVELOPE_SCHEMA)
+    return pa.Table.from_pydict(cols, schema=schema)

@@ -26,8 +26,8 @@ from microbatch.errors import BatchError, ConfigError
 from microbatch.kafka import BatchPlan, KafkaBrokerView
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
-from microbatch.runtime.envelope import ENVELOPE_SCHEMA, SOURCE_COLUMNS, ticks
-from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
+from microbatch.runtime.pipeline import Pipeline, columnar_values
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.stage_one import ReadingStageOne, StageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
@@ -101,8 +101,9 @@ class SparkExecutor:
         envelopes, reader = self.stage_one(plan, process, pending)
         # The envelope schema, not the one pandas infers: all-null integer columns would
         # come out as doubles and widen the union's (a dead letter's offset "794.0").
+        schema = envelope_schema(columnar_values(self.pipeline))
         tick_rows = self.spark.createDataFrame(
-            ticks(range(stage.parallelism)).to_pandas(), schema=from_arrow_schema(ENVELOPE_SCHEMA)
+            ticks(range(stage.parallelism), schema).to_pandas(), schema=from_arrow_schema(schema)
         )
         ticked = envelopes.unionByName(tick_rows)
         # Partition i holds instance i (a hash could put two in one task), and all of it:
@@ -121,7 +122,7 @@ class SparkExecutor:
         it) and the reader that reads the planned ranges."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        envelope_type = from_arrow_schema(ENVELOPE_SCHEMA)
+        envelope_type = from_arrow_schema(envelope_schema(columnar_values(self.pipeline)))
         envelopes, reader = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
@@ -168,10 +169,12 @@ class SparkExecutor:
         per instance (``spark.range`` with one row per slice) and no shuffle — a single
         short Spark stage instead of a shuffle map and reduce."""
 
+        schema = envelope_schema(columnar_values(self.pipeline))
+
         def per_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for instance in batch.column("id").to_pylist():
-                    yield from stage((instance,), ticks([instance])).to_batches()
+                    yield from stage((instance,), ticks([instance], schema)).to_batches()
 
         slices = self.spark.range(0, stage.parallelism, 1, stage.parallelism)
         return slices.mapInArrow(per_task, RESULT_DDL).collect()

@@ -31,6 +31,7 @@ from typing import Any, Literal
 from microbatch.errors import ConfigError
 from microbatch.keygroups import check_max_parallelism
 from microbatch.runtime.process import KeyedProcessFunction
+from microbatch.runtime.schema import ValueSchema, kind_of
 from microbatch.sinks import DEAD_LETTER_SINK, DeadLetterSink, KafkaSink, ParquetSink, Sink
 from microbatch.sinks.deadletters import check_sinks
 from microbatch.validation import check_name, check_positive
@@ -76,6 +77,11 @@ class KafkaSource:
     several times less CPU per record), ``"python"``, kafka-python inside the stage-1
     tasks, or ``"auto"`` (default): the JVM source when the session has the connector,
     else kafka-python. Both read exactly the same records.
+
+    ``value_schema``: the values' declared schema (:class:`~microbatch.runtime.schema.
+    JsonSchema`), instead of ``decoder``. Values are then decoded into Arrow columns, a
+    batch at a time; records hold the declared fields only, and a value that does not
+    match is a dead letter ``schema_mismatch`` naming the field (``docs/kafka-source.md``).
     """
 
     topics: Sequence[str]
@@ -85,6 +91,7 @@ class KafkaSource:
     on_out_of_range: OnOutOfRange = "fail"
     decoder: Decoder = json_decoder
     reader: KafkaReader = "auto"
+    value_schema: ValueSchema | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.topics, str):
@@ -109,6 +116,19 @@ class KafkaSource:
             )
         if not callable(self.decoder):
             raise ConfigError(f"KafkaSource decoder must be callable, got {self.decoder!r}")
+        if self.value_schema is not None:
+            if not hasattr(self.value_schema, "decode") or not hasattr(
+                self.value_schema, "arrow_schema"
+            ):
+                raise ConfigError(
+                    "KafkaSource value_schema must be a declared schema such as "
+                    f"JsonSchema({{'user_id': 'string', 'ts': 'long'}}), got {self.value_schema!r}"
+                )
+            if self.decoder is not json_decoder:
+                raise ConfigError(
+                    "KafkaSource takes a decoder or a value_schema, not both: the schema "
+                    "decodes the values"
+                )
         if self.reader not in _READERS:
             raise ConfigError(
                 f"KafkaSource reader must be one of {', '.join(map(repr, _READERS))} (what "
@@ -230,6 +250,7 @@ class Pipeline:
             raise ConfigError(f"{where}: {e}") from None
         check_parallelism_for(self, self.parallelism)
         check_sinks(where, self.sinks, self.dead_letters)
+        check_value_schema(self)
         if self.on_process_error not in ("fail", "dead_letter"):
             raise ConfigError(
                 f"{where}: on_process_error must be 'fail' or 'dead_letter', "
@@ -267,6 +288,58 @@ class Pipeline:
             "process": f"{type(self.process).__module__}.{type(self.process).__qualname__}",
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_KEY_TYPES = ("string", "long", "int")
+_EVENT_TIME_TYPES = ("long", "int", "double", "string")
+
+
+def check_value_schema(pipeline: Pipeline) -> None:
+    """With a declared schema, ``key_by`` and the event-time field must be fields of it,
+    of types a key and an event time can have."""
+    schema = pipeline.source.value_schema
+    if schema is None:
+        return
+    where = f"pipeline {pipeline.name!r}"
+    fields = {f.name: f for f in schema.arrow_schema}
+    declared = ", ".join(fields)
+    kinds = {n: kind_of(f) for n, f in fields.items()}
+    if not isinstance(pipeline.key_by, str):
+        raise ConfigError(
+            f"{where}: with a value_schema, key_by must name a field of it ({declared}), "
+            f"not a function: {pipeline.key_by!r}"
+        )
+    if pipeline.key_by not in fields:
+        raise ConfigError(
+            f"{where}: key_by {pipeline.key_by!r} is not a field of the value_schema "
+            f"(declared: {declared})"
+        )
+    if kinds[pipeline.key_by] not in _KEY_TYPES:
+        raise ConfigError(
+            f"{where}: key_by field {pipeline.key_by!r} is {kinds[pipeline.key_by]}; keys "
+            f"must be one of {', '.join(_KEY_TYPES)}"
+        )
+    if pipeline.event_time is not None:
+        field = pipeline.event_time.field
+        if field not in fields:
+            raise ConfigError(
+                f"{where}: event_time field {field!r} is not a field of the value_schema "
+                f"(declared: {declared})"
+            )
+        if kinds[field] not in _EVENT_TIME_TYPES:
+            raise ConfigError(
+                f"{where}: event_time field {field!r} is {kinds[field]}; it must be one of "
+                f"{', '.join(_EVENT_TIME_TYPES)} (epoch ms, or ISO-8601 strings)"
+            )
+
+
+def columnar_values(pipeline: Pipeline) -> Any:
+    """The Arrow schema of the record columns stage 1 hands stage 2, or None when records
+    travel as payloads (no declared schema, or enrichment, which works on records)."""
+    schema = pipeline.source.value_schema
+    if schema is None or pipeline.enrich is not None:
+        return None
+    return schema.arrow_schema
 
 
 def check_parallelism_for(pipeline: Pipeline, parallelism: int) -> int:

@@ -24,6 +24,7 @@ import pyarrow as pa
 from microbatch.errors import MicrobatchError, error_text
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.runtime.columnar import columnar_envelopes
 from microbatch.runtime.envelope import (
     PENDING,
     SOURCE_COLUMNS,
@@ -33,7 +34,8 @@ from microbatch.runtime.envelope import (
     unkeyed_instance,
 )
 from microbatch.runtime.faults import crash_if
-from microbatch.runtime.pipeline import Pipeline, json_decoder
+from microbatch.runtime.pipeline import Pipeline, columnar_values, json_decoder
+from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
@@ -201,6 +203,12 @@ class StageOne:
     def decode(self, value: bytes | None) -> Any:
         if value is None:
             raise _Bad("undecodable", "record has no value (tombstone)")
+        schema = self.pipeline.source.value_schema
+        if schema is not None:  # with enrichment: records stay Python, checked one by one
+            try:
+                return schema.decode_record(value)
+            except SchemaMismatch as e:
+                raise _Bad(SCHEMA_MISMATCH, str(e)) from e
         try:
             return self._decoder(value)
         except Exception as e:
@@ -220,6 +228,8 @@ class StageOne:
         crash_if(self.crash_at, "during_read", where)
 
     def envelopes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if columnar_values(self.pipeline) is not None:
+            return columnar_envelopes(self, batch)
         out = EnvelopeBuilder()
         topics, parts, offs, rkeys, rvalues = _source_columns(batch)
         with gc_paused():

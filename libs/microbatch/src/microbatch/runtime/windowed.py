@@ -12,11 +12,11 @@ dead letters (``late_window``) with their coordinates.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.keygroups import decode_key
 from microbatch.state import KeyedStateBackend
@@ -28,6 +28,10 @@ STATE = "__windows"
 _PARTITION_BITS, _OFFSET_BITS = 12, 44
 
 
+def _combined(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
 def source_order(partition: int, offset: int) -> int:
     """A record's place in its source, comparable across batches: ties in event time go
     to the lower partition, then the lower offset."""
@@ -37,49 +41,51 @@ def source_order(partition: int, offset: int) -> int:
 def run_windows(
     operator: WindowOperator,
     backend: KeyedStateBackend,
-    records: Sequence[dict[str, Any]],
-    key_bytes: Sequence[bytes],
-    coordinates: Sequence[tuple[str, int, int]],
-    event_ts: Sequence[int],
+    records: pa.Table,
+    key_bytes: pa.ChunkedArray,
+    partitions: pa.ChunkedArray,
+    offsets: pa.ChunkedArray,
+    event_ts: pa.ChunkedArray,
     watermark_before: int | None,
     watermark_after: int | None,
     emit: Callable[[dict[str, Any]], None],
-    dead_letter: Callable[..., None],
+    late: Callable[[str, str, int], None],
 ) -> dict[str, int]:
-    """One instance's batch; returns counters for the batch's stats."""
-    keys_of = {kb: decode_key(kb) for kb in dict.fromkeys(key_bytes)}  # once per distinct key
+    """One instance's batch — ``records``: the records' columns, one row per record, in
+    the order of ``key_bytes`` and the other columns — ; returns counters for the batch's
+    stats. ``late(reason, error, row)`` dead-letters a late record."""
+    n = len(key_bytes)
+    encoded = _combined(key_bytes).dictionary_encode()  # keys decoded once per distinct key
+    distinct = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
     closing: dict[Any, bytes] = {}
     if watermark_after is not None:
         for timer in backend.advance_watermark(watermark_after):
             closing[decode_key(timer.key_bytes)] = timer.key_bytes
     state = {}
-    for key in [*keys_of.values(), *closing]:
+    for key in [*distinct, *closing]:
         windows = backend.for_key(key).value(STATE).get()
         if windows:
             state[key] = {int(s): w for s, w in windows.items()}
-    table = pa.Table.from_pylist(list(records)) if records else pa.table({})
-    if records:
-        table = (
-            table.append_column(KEY, pa.array([keys_of[kb] for kb in key_bytes]))
-            .append_column(TS, pa.array(event_ts, pa.int64()))
-            .append_column(
-                ORDER, pa.array([source_order(p, o) for _, p, o in coordinates], pa.int64())
-            )
+    table = pa.table({})
+    ts = _combined(event_ts).cast(pa.int64())
+    if n:
+        order = pc.bit_wise_or(
+            pc.shift_left(_combined(partitions).cast(pa.int64()), _OFFSET_BITS),
+            _combined(offsets).cast(pa.int64()),
         )
-    touched = set(keys_of.values()) | set(closing) | set(state)
+        table = pa.table({KEY: pa.array(distinct).take(encoded.indices), TS: ts, ORDER: order})
+        for name in records.column_names:
+            table = table.append_column(name, records.column(name))
+    touched = set(distinct) | set(closing) | set(state)
     outcome = operator.run(table, state, watermark_before, watermark_after)
     for row in outcome.rows:
         emit(row)
     for i in outcome.late:
-        topic, partition, offset = coordinates[i]
-        dead_letter(
+        late(
             "late_window",
-            f"event time {event_ts[i]} falls only in windows the watermark "
+            f"event time {ts[i].as_py()} falls only in windows the watermark "
             f"{watermark_before} had closed (allowed lateness {operator.allowed_lateness_ms} ms)",
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            raw_value=json.dumps(records[i], default=str).encode(),
+            i,
         )
     lateness = operator.allowed_lateness_ms
     for key in touched:

@@ -1,0 +1,148 @@
+"""Records as columns: stage 1 with a declared schema gives the rows the per-record path
+gives, dead letters name the field; stage 2 builds a key's records only when read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from microbatch.runtime import DeadLetterSink, EventTime, KafkaSource, Pipeline
+from microbatch.runtime.columnar import LazyRecords
+from microbatch.runtime.envelope import DeadLetterDetail
+from microbatch.runtime.schema import JsonSchema
+from microbatch.runtime.stage_one import StageOne
+from tests.unit.runtime.test_stage_one import Noop, kafka_batch
+
+SCHEMA = JsonSchema({"user": "string", "ts": "long", "page": "string"}, nullable=("page",))
+PLAIN = Pipeline(
+    name="p",
+    source=KafkaSource(topics=("t",)),
+    key_by="user",
+    process=Noop(),
+    checkpoints="/tmp/x",
+    dead_letters=DeadLetterSink(path="/tmp/dl"),
+    event_time=EventTime(field="ts"),
+    max_parallelism=16,
+    parallelism=3,
+)
+DECLARED = dataclasses.replace(
+    PLAIN, source=KafkaSource(topics=("t",), value_schema=SCHEMA)
+)  # fmt: skip
+ROUTING = ("kind", "topic", "partition", "offset", "seq", "instance", "key_group", "key",
+           "event_ts")  # fmt: skip
+
+
+def click(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def envelopes(pipeline: Pipeline, values: list[bytes | None], watermark: int | None = None):
+    out = StageOne(pipeline, parallelism=3, watermark=watermark).envelopes(kafka_batch(values))
+    return sorted(out.to_pylist(), key=lambda r: (r["kind"], r["offset"], r["instance"]))
+
+
+def test_good_records_are_routed_as_the_per_record_path_routes_them() -> None:
+    values = [click(user=f"u{i % 5}", ts=1000 + i, page=f"/p{i}") for i in range(30)]
+
+    plain, declared = envelopes(PLAIN, values), envelopes(DECLARED, values)
+
+    assert [{c: r[c] for c in ROUTING} for r in declared] == [
+        {c: r[c] for c in ROUTING} for r in plain
+    ]
+    records = [r for r in declared if r["kind"] == "record"]
+    assert [r["value_page"] for r in records] == [f"/p{i}" for i in range(30)]
+    assert {r["payload"] for r in records} == {None}  # the columns are the record
+    stats = [r for r in declared if r["kind"] == "stat"]
+    assert [r["payload"] for r in stats] == [r["payload"] for r in plain if r["kind"] == "stat"]
+
+
+def test_bad_values_are_dead_letters_naming_the_field_and_keep_their_bytes() -> None:
+    values = [
+        click(user="a", ts=5000),  # good (page is nullable)
+        click(user="a", ts="5000"),  # wrong type
+        click(user="a"),  # missing field
+        b"{not json",
+        None,  # a tombstone
+        click(user=None, ts=5000),  # null in a non-nullable field
+        click(user="b", ts=10),  # late
+        click(user="c", ts=6000, page=7),  # wrong type in a nullable field: not a null
+    ]
+
+    rows = envelopes(DECLARED, values, watermark=1000)
+
+    records = [(r["offset"], r["key"]) for r in rows if r["kind"] == "record"]
+    assert records == [(100, b"sa")]
+    dead = {
+        r["offset"]: DeadLetterDetail.from_payload(r["payload"])
+        for r in rows
+        if r["kind"] == "dead_letter"
+    }
+    reasons = {off: (d.reason, d.error) for off, d in dead.items()}
+    mismatch = "schema_mismatch"
+    assert reasons[101] == (mismatch, "field 'ts': expected long, got string \"5000\"")
+    assert reasons[102] == (mismatch, "field 'ts' is missing (declared long, not nullable)")
+    assert reasons[103][0] == mismatch and "value is not JSON" in reasons[103][1]
+    assert reasons[104] == ("undecodable", "record has no value (tombstone)")
+    assert reasons[105] == (mismatch, "field 'user' is null (declared string, not nullable)")
+    assert reasons[106][0] == "late" and "behind the watermark 1000" in reasons[106][1]
+    assert reasons[107] == (mismatch, "field 'page': expected string, got integer 7")
+    assert dead[101].raw_value == values[1]
+
+
+def test_a_nullable_key_or_event_time_that_is_null_is_the_per_record_dead_letter() -> None:
+    schema = JsonSchema({"user": "string", "ts": "string"}, nullable=("user", "ts"))
+    pipe = dataclasses.replace(PLAIN, source=KafkaSource(topics=("t",), value_schema=schema))
+    values = [click(user=None, ts="2026-01-01T00:00:01Z"), click(user="a"),
+              click(user="a", ts="2026-01-01T00:00:01Z"), click(user="b", ts="nope")]  # fmt: skip
+
+    rows, plain = envelopes(pipe, values), envelopes(PLAIN, values)
+
+    def routed(rs: list[dict[str, Any]]) -> list[Any]:
+        def why(r: dict[str, Any]) -> Any:
+            dead = r["kind"] == "dead_letter"
+            return DeadLetterDetail.from_payload(r["payload"])[:2] if dead else None
+
+        rs = sorted((r for r in rs if r["kind"] != "stat"), key=lambda r: r["offset"])
+        return [(r["offset"], r["kind"], r["key"], r["event_ts"], why(r)) for r in rs]
+
+    assert routed(rows) == routed(plain)
+    assert [r[1] for r in routed(rows)] == ["dead_letter", "dead_letter", "record", "dead_letter"]
+
+
+def test_integer_keys_are_keyed_as_the_per_record_path_keys_them() -> None:
+    schema = JsonSchema({"user": "long", "ts": "long"})
+    pipe = dataclasses.replace(PLAIN, source=KafkaSource(topics=("t",), value_schema=schema))
+    values = [click(user=i % 4 - 2, ts=i) for i in range(12)]
+
+    got = [{c: r[c] for c in ROUTING} for r in envelopes(pipe, values)]
+
+    assert got == [{c: r[c] for c in ROUTING} for r in envelopes(PLAIN, values)]
+
+
+def test_enriched_pipelines_check_the_schema_record_by_record() -> None:
+    stage = StageOne(DECLARED, parallelism=3, watermark=None)
+
+    assert stage.decode(click(user="a", ts=1, extra=1)) == {"user": "a", "ts": 1, "page": None}
+    try:
+        stage.decode(click(user="a", ts=1.5))
+    except Exception as e:
+        assert (type(e).__name__, e.reason, e.error) == (  # type: ignore[attr-defined]
+            "_Bad", "schema_mismatch", "field 'ts': expected long, got number 1.5"
+        )  # fmt: skip
+    else:
+        raise AssertionError("a wrong type passed")
+
+
+def test_lazy_records_build_dicts_only_when_read() -> None:
+    table = pa.table({"user": ["a", "a", "b"], "n": [1, 2, 3]})
+    records = LazyRecords(table, pa.array([1, 2]))
+
+    assert len(records) == 2 and records._built is None
+    assert records.record(1) == {"user": "b", "n": 3} and records._built is None
+    assert records == [{"user": "a", "n": 2}, {"user": "b", "n": 3}]
+    assert records[-1] == {"user": "b", "n": 3} and [r["n"] for r in records] == [2, 3]
+    assert pc.sum(records.columns().column("n")).as_py() == 5

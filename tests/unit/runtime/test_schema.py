@@ -1,0 +1,169 @@
+"""Declared value schemas: the type, its decoding in Arrow against the per-record
+reference, and the pipelines' checks at build time."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from microbatch.errors import ConfigError
+from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pipeline
+from microbatch.runtime.schema import JsonSchema, SchemaMismatch
+
+SCHEMA = JsonSchema(
+    {"user_id": "string", "ts": "long", "amount": "double", "n": "int", "ok": "boolean"},
+    nullable=("amount", "ok"),
+)
+GOOD = {"user_id": "u1", "ts": 1_000, "amount": 2.5, "n": 3, "ok": True}
+
+
+class Noop(KeyedProcessFunction):
+    def process(self, key, records, ctx) -> None:
+        pass
+
+
+def value(**changes: object) -> bytes:
+    record = {**GOOD, **changes}
+    return json.dumps({k: v for k, v in record.items() if v is not ...}).encode()
+
+
+#: (value, the field the error must name or None, words the error must contain)
+BAD = [
+    (value(ts="soon"), "ts", 'expected long, got string "soon"'),
+    (value(ts=1.5), "ts", "expected long, got number 1.5"),
+    (value(ts=True), "ts", "expected long, got boolean"),
+    (value(user_id=42), "user_id", "expected string, got integer 42"),
+    (value(user_id={"a": 1}), "user_id", "expected string, got object"),
+    (value(n=2**31), "n", "expected int, got integer 2147483648"),
+    (value(amount="1.5"), "amount", 'expected double, got string "1.5"'),
+    (value(ok=1), "ok", "expected boolean, got integer 1"),
+    (value(ts=...), "ts", "field 'ts' is missing"),
+    (value(user_id=None), "user_id", "field 'user_id' is null"),
+    (b"{not json", None, "value is not JSON"),
+    (b"", None, "value is not JSON"),
+    (b"[1, 2]", None, "value is a JSON array, not an object"),
+    (b"42", None, "value is a JSON integer, not an object"),
+    (b'{"user_id": "\xff"}', None, "value is not UTF-8"),
+    (value() + b" " + value(), None, "value is not JSON: Extra data"),
+]
+
+
+def test_a_schema_has_an_arrow_schema_and_a_spark_ddl() -> None:
+    assert SCHEMA.arrow_schema == pa.schema(
+        [
+            pa.field("user_id", pa.string(), nullable=False),
+            pa.field("ts", pa.int64(), nullable=False),
+            pa.field("amount", pa.float64()),
+            pa.field("n", pa.int32(), nullable=False),
+            pa.field("ok", pa.bool_()),
+        ]
+    )
+    assert SCHEMA.spark_ddl == (
+        "`user_id` STRING NOT NULL, `ts` BIGINT NOT NULL, `amount` DOUBLE, `n` INT NOT NULL, "
+        "`ok` BOOLEAN"
+    )
+    assert JsonSchema.from_arrow(SCHEMA.arrow_schema) == SCHEMA
+    assert JsonSchema({"a": "BIGINT", "b": "bool"}).fields == {"a": "long", "b": "boolean"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "nullable", "message"),
+    [
+        ({"a": "decimal"}, (), "field 'a' has unknown type 'decimal'"),
+        ({}, (), "declares no field"),
+        ({"a": "string"}, ("b",), "nullable names fields it does not declare: ['b']"),
+        (pa.schema([("a", pa.string())]), (), "JsonSchema.from_arrow"),
+    ],
+)
+def test_a_schema_that_cannot_work_is_refused(fields, nullable, message) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        JsonSchema(fields, nullable)
+
+
+def test_the_reference_decodes_declared_fields_only_and_nullable_ones_as_none() -> None:
+    raw = json.dumps({"user_id": "u", "ts": 5, "n": 1, "amount": 3, "extra": [1]}).encode()
+
+    assert SCHEMA.decode_record(raw) == {
+        "user_id": "u", "ts": 5, "amount": 3.0, "n": 1, "ok": None,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "field", "words"), BAD)
+def test_each_bad_value_is_a_mismatch_that_names_the_field(raw, field, words) -> None:
+    with pytest.raises(SchemaMismatch) as caught:
+        SCHEMA.decode_record(raw)
+    assert caught.value.field == field
+    assert words in str(caught.value)
+    if field is not None:
+        assert repr(field) in str(caught.value)
+
+
+def test_arrow_decoding_equals_the_reference_value_by_value_however_split() -> None:
+    good = [value(user_id=f"u{i}", ts=i, amount=i / 2 if i % 3 else None) for i in range(40)]
+    odd = [
+        value(ok=...),  # a nullable field missing
+        b'{"user_id": "x",\n "ts": 1, "n": 2}',  # a line break inside: parsed alone
+        b'{"ts": -0, "user_id": "neg", "n": 0}',  # Arrow refuses -0; Python takes it
+        b'{"user_id": "d", "user_id": "e", "ts": 1, "n": 1}',  # duplicate: the last wins
+    ]
+    values = [*good[:10], *[b for b, _, _ in BAD], *good[10:20], *odd, *good[20:]]
+
+    expected_rows, expected_bad = [], []
+    for i, raw in enumerate(values):
+        try:
+            expected_rows.append((i, SCHEMA.decode_record(raw)))
+        except SchemaMismatch as e:
+            expected_bad.append((i, str(e)))
+    for size in (len(values), 7, 1):
+        rows, bad = [], []
+        for start in range(0, len(values), size):
+            chunk = pa.array(values[start : start + size], pa.binary())
+            decoded = SCHEMA.decode(chunk)
+            assert decoded.table.schema == SCHEMA.arrow_schema
+            got = decoded.table.to_pylist()
+            rows += [(start + int(r), g) for r, g in zip(decoded.rows, got, strict=True)]
+            bad += [(start + r, e) for r, e in decoded.bad]
+        assert rows == expected_rows
+        assert bad == expected_bad
+
+
+def test_decoding_an_empty_batch_gives_the_declared_columns() -> None:
+    decoded = SCHEMA.decode(pa.array([], pa.binary()))
+
+    assert decoded.table.num_rows == 0 and decoded.table.schema == SCHEMA.arrow_schema
+    assert decoded.bad == [] and len(decoded.rows) == 0
+
+
+def pipeline(source: KafkaSource, **overrides: object) -> Pipeline:
+    kwargs: dict[str, object] = dict(
+        name="p", source=source, key_by="user_id", process=Noop(), checkpoints="/tmp/x",
+        event_time=EventTime("ts"),
+    )  # fmt: skip
+    return Pipeline(**{**kwargs, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"key_by": "user"}, "key_by 'user' is not a field of the value_schema"),
+        ({"key_by": lambda r: r["user_id"]}, "key_by must name a field of it"),
+        ({"key_by": "amount"}, "key_by field 'amount' is double"),
+        ({"event_time": EventTime("time")}, "event_time field 'time' is not a field"),
+        ({"event_time": EventTime("ok")}, "event_time field 'ok' is boolean"),
+    ],
+)
+def test_a_pipeline_whose_key_or_event_time_is_not_in_the_schema_is_refused(
+    overrides, message
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        pipeline(KafkaSource(topics=("t",), value_schema=SCHEMA), **overrides)
+
+
+def test_a_source_takes_a_schema_or_a_decoder_not_both() -> None:
+    pipeline(KafkaSource(topics=("t",), value_schema=SCHEMA))  # fine
+    with pytest.raises(ConfigError, match="a decoder or a value_schema, not both"):
+        KafkaSource(topics=("t",), value_schema=SCHEMA, decoder=json.loads)
+    with pytest.raises(ConfigError, match="value_schema must be a declared schema"):
+        KafkaSource(topics=("t",), value_schema={"user_id": "string"})  # type: ignore[arg-type]
