@@ -59,7 +59,6 @@ the Parquet sink: the end-to-end cost of the table sink, against the same refere
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import tempfile
@@ -72,12 +71,10 @@ from typing import Any
 import benchlib
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchlib import load, log, print_table, spark_cpu_seconds
+from benchlib import kafka_settings, load, log, print_table, spark_cpu_seconds
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.enrich import AsyncOperator, NoRetry
-from microbatch.localstack import KafkaBroker
-from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
 from microbatch.runtime import (
     BatchOptions,
@@ -527,24 +524,10 @@ def main() -> None:
     if args.quick:
         args.records = 100_000
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    broker = None
     try:
-        if "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ:
-            settings = Settings.from_env(spark_master="local[2]", home=str(REPO / ".local"))
-        else:
-            port = free_port_block([0, 1])
-            settings = Settings.from_env(
-                kafka_bootstrap_servers=f"127.0.0.1:{port}",
-                spark_master="local[2]",
-                home=str(REPO / ".local"),
-            )
-            broker = KafkaBroker(settings, work / "kafka")
-            log(f"starting Kafka at {settings.kafka_bootstrap_servers} ...")
-            broker.start()
-        run(settings, args, work)
+        with kafka_settings(work, REPO / ".local") as settings:
+            run(settings, args, work)
     finally:
-        if broker is not None:
-            broker.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

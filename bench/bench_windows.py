@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -52,11 +51,10 @@ from typing import Any
 
 import benchlib
 import pyarrow.parquet as pq
-from benchlib import load, log, print_table, spark_cpu_seconds
+from benchlib import kafka_settings, load, log, print_table, spark_cpu_seconds
 
 from microbatch import windows
 from microbatch.checkpoint import Layout, latest_manifest
-from microbatch.localstack import KafkaBroker
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
 from microbatch.runtime import (
@@ -418,24 +416,10 @@ def main() -> None:
     if args.quick:
         args.records = 100_000
     work = Path(tempfile.mkdtemp(prefix="bench-windows-"))
-    broker = None
     try:
-        if "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ:
-            settings = Settings.from_env(spark_master="local[2]", home=str(REPO / ".local"))
-        else:
-            port = free_port_block([0, 1])
-            settings = Settings.from_env(
-                kafka_bootstrap_servers=f"127.0.0.1:{port}",
-                spark_master="local[2]",
-                home=str(REPO / ".local"),
-            )
-            broker = KafkaBroker(settings, work / "kafka")
-            log(f"starting Kafka at {settings.kafka_bootstrap_servers} ...")
-            broker.start()
-        run(settings, args, work)
+        with kafka_settings(work, REPO / ".local") as settings:
+            run(settings, args, work)
     finally:
-        if broker is not None:
-            broker.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -3,11 +3,13 @@ seconds and memory of the Spark process tree, and producing a topic's events."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -177,3 +179,27 @@ class RssSampler:
     def peaks(self) -> dict[str, tuple[float, float]]:
         """Phase → (largest VmRSS, largest VmHWM) of one process, in MiB."""
         return {k: (v[0] / 1024, v[1] / 1024) for k, v in self._peaks.items()}
+
+
+@contextlib.contextmanager
+def kafka_settings(work: Path, home: Path) -> Iterator[Any]:
+    """Settings for a bench on Spark ``local[2]``: the broker at
+    ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set, else one started on free loopback ports
+    with its data in ``work`` and stopped at the end."""
+    from microbatch.localstack import KafkaBroker
+    from microbatch.localstack.process import free_port_block
+    from microbatch.settings import Settings
+
+    common = {"spark_master": "local[2]", "home": str(home)}
+    if "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ:
+        yield Settings.from_env(**common)
+        return
+    port = free_port_block([0, 1])
+    settings = Settings.from_env(kafka_bootstrap_servers=f"127.0.0.1:{port}", **common)
+    broker = KafkaBroker(settings, work / "kafka")
+    log(f"starting Kafka at {settings.kafka_bootstrap_servers} ...")
+    broker.start()
+    try:
+        yield settings
+    finally:
+        broker.stop()

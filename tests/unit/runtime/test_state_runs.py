@@ -14,6 +14,8 @@ import pytest
 from microbatch.checkpoint import (
     Layout,
     build_manifest,
+    describe_checkpoint,
+    format_description,
     latest_manifest,
     list_checkpoints,
     load_manifest,
@@ -224,3 +226,17 @@ def test_an_unwritable_cache_folder_fails_naming_the_folder(pipeline, tmp_path) 
 
     with pytest.raises(StorageError, match=re.escape(str(blocker / "cache"))):
         run.run()
+
+
+def test_describe_checkpoint_counts_keys_and_runs_per_instance(pipeline) -> None:
+    log = Log(partitions=2)
+    log.produce(0, *USERS[:30])
+    runner(pipeline, log).run()
+
+    desc = describe_checkpoint(open_store(pipeline.checkpoints), Layout(), 0)
+
+    assert desc["total_keys"] == 30
+    assert sum(i["keys"] for i in desc["instances"]) == 30
+    assert all(i["runs"] == 1 and i["bytes"] > 0 for i in desc["instances"])
+    assert desc["written_now_bytes"] == desc["total_bytes"] > 0
+    assert "30 keys" in format_description(desc)

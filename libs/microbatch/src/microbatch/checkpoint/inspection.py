@@ -19,8 +19,24 @@ from microbatch.storage import ObjectStore
 def describe_checkpoint(store: ObjectStore, layout: Layout, checkpoint_id: int) -> dict[str, Any]:
     """Parallelism, totals, per-instance and per-key-group sizes of one checkpoint."""
     m = load_manifest(store, layout, checkpoint_id)
-    if m.runs is not None:
-        return _describe_runs(m)
+    body = _describe_runs(m) if m.runs is not None else _describe_files(m)
+    return {
+        "checkpoint_id": m.checkpoint_id,
+        "pipeline_fingerprint": m.pipeline_fingerprint,
+        "created_at": m.created_at,
+        "max_parallelism": m.max_parallelism,
+        "parallelism": m.parallelism,
+        "full_checkpoint_id": m.full_checkpoint_id,
+        "total_bytes": m.total_bytes,
+        "total_keys": m.total_keys,
+        "files": len(m.files()),
+        **body,
+        "metadata": dict(m.metadata),
+    }
+
+
+def _describe_files(m: Manifest) -> dict[str, Any]:
+    """Format 1: sizes per key-group from the manifest's byte ranges."""
     groups = [
         {
             "key_group": kg,
@@ -46,61 +62,37 @@ def describe_checkpoint(store: ObjectStore, layout: Layout, checkpoint_id: int) 
             }
         )
     return {
-        "checkpoint_id": m.checkpoint_id,
-        "pipeline_fingerprint": m.pipeline_fingerprint,
-        "created_at": m.created_at,
-        "max_parallelism": m.max_parallelism,
-        "parallelism": m.parallelism,
-        "full_checkpoint_id": m.full_checkpoint_id,
-        "total_bytes": m.total_bytes,
-        "total_keys": m.total_keys,
-        "files": len(m.files()),
         "written_now_bytes": sum(g["bytes"] for g in groups if g["written_by"] == m.checkpoint_id),
         "instances": instances,
         "key_groups": groups,
-        "metadata": dict(m.metadata),
     }
 
 
 def _describe_runs(m: Manifest) -> dict[str, Any]:
-    """The same description for a checkpoint of sorted runs: keys per key-group come from
-    the manifest's counts, bytes per instance are those of the runs serving it (a run
-    shared by instances after a rescale counts for each)."""
+    """Sorted runs: keys per key-group come from the manifest's counts, bytes per instance
+    are those of the runs serving it (a run shared by instances after a rescale counts for
+    each)."""
     counts = m.key_counts or ()
+    runs = m.runs or ()
     instances = []
     for i in range(m.parallelism):
         r = key_group_range(m.max_parallelism, m.parallelism, i)
-        runs = [ref for ref in m.runs or () if ref.clipped(r.start, r.end) is not None]
+        serving = [ref for ref in runs if ref.clipped(r.start, r.end) is not None]
         instances.append(
             {
                 "index": i,
                 "key_groups": str(r),
-                "bytes": sum({ref.data: ref.bytes for ref in runs}.values()),
+                "bytes": sum({ref.data: ref.bytes for ref in serving}.values()),
                 "keys": sum(counts[kg] for kg in r),
-                "runs": len(runs),
+                "runs": len(serving),
             }
         )
+    written = {r.data: r.bytes for r in runs if Layout().state_id(r.data) == m.checkpoint_id}
     return {
-        "checkpoint_id": m.checkpoint_id,
-        "pipeline_fingerprint": m.pipeline_fingerprint,
-        "created_at": m.created_at,
-        "max_parallelism": m.max_parallelism,
-        "parallelism": m.parallelism,
-        "full_checkpoint_id": m.full_checkpoint_id,
-        "total_bytes": m.total_bytes,
-        "total_keys": m.total_keys,
-        "files": len(m.files()),
-        "written_now_bytes": sum(
-            {
-                r.data: r.bytes
-                for r in m.runs or ()
-                if Layout().state_id(r.data) == m.checkpoint_id
-            }.values()
-        ),
+        "written_now_bytes": sum(written.values()),
         "instances": instances,
         "key_groups": [{"key_group": kg, "keys": n} for kg, n in enumerate(counts) if n],
-        "runs": [r.to_json() for r in m.runs or ()],
-        "metadata": dict(m.metadata),
+        "runs": [r.to_json() for r in runs],
     }
 
 
