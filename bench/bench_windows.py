@@ -9,8 +9,10 @@ windows per user with their count and sum of ``amount``:
 
 - **microbatch windows**: ``process=windows.tumbling("1m").count().sum("amount").final()``,
   ``EventTime("ts", allowed_lateness_s=10, watermark="global_max")``,
-  ``KafkaSource(reader="spark")`` (the JVM Kafka source), Parquet sink, P=2,
-  max_parallelism 128; one ``BatchRunner.run``;
+  ``KafkaSource(reader="spark", value_schema=JsonSchema(...))`` (the JVM Kafka source; the
+  values decoded with Arrow into columns that go straight to the window operator, as the
+  reference's ``from_json`` gives Spark columns; ``--no-schema``: decoded per record),
+  Parquet sink, P=2, max_parallelism 128; one ``BatchRunner.run``;
 - **Structured Streaming** (reference 1): the Kafka source, ``from_json``,
   ``withWatermark("t", "10 seconds")``, ``groupBy(window("t", "1 minute"), "user_id")``
   with ``count`` and ``sum`` — Spark's native, JVM-only window aggregation — output mode
@@ -62,6 +64,7 @@ from microbatch.runtime import (
     BatchResult,
     BatchRunner,
     EventTime,
+    JsonSchema,
     KafkaSource,
     KeyedProcessFunction,
     ParquetSink,
@@ -128,11 +131,20 @@ class TumblingByHand(KeyedProcessFunction):
         state.set(open_) if open_ else state.clear()
 
 
-def make_pipeline(name: str, topic: str, root: Path, by_hand: bool) -> Pipeline:
+#: The events' fields, declared for microbatch's windows (the reference's EVENT_DDL).
+SCHEMA = JsonSchema({"user_id": "string", "ts": "long", "amount": "long"})
+
+
+def make_pipeline(
+    name: str, topic: str, root: Path, by_hand: bool, schema: bool = True
+) -> Pipeline:
     process = TumblingByHand() if by_hand else windows.tumbling("1m").count().sum("amount").final()
+    declared = SCHEMA if schema and not by_hand else None  # by hand: the per-record path
     return Pipeline(
         name=name,
-        source=KafkaSource(topics=(topic,), starting="earliest", reader="spark"),
+        source=KafkaSource(
+            topics=(topic,), starting="earliest", reader="spark", value_schema=declared
+        ),
         key_by="user_id",
         event_time=EventTime(
             "ts", allowed_lateness_s=LATENESS_S, idle_timeout_s=None, watermark="global_max"
@@ -272,7 +284,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             log(f"warm-up (untimed): each engine over {args.warmup:,} records ...")
             for by_hand in (False, True):
                 warm = make_pipeline(
-                    f"warm-{by_hand}-{tag}", warm_topic, work / f"w{by_hand}", by_hand
+                    f"warm-{by_hand}-{tag}", warm_topic, work / f"w{by_hand}", by_hand, args.schema
                 )
                 run_microbatch(spark, settings, warm)
             run_structured_streaming(spark, bootstrap, warm_topic, work / "w-ss")
@@ -281,7 +293,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             before, cpu, stage_id = load(), spark_cpu_seconds(spark), last_stage_id(spark)
             log(f"[{i + 1}] {ENGINES[name]}: one batch over the topic ({before}) ...")
             pipeline = make_pipeline(
-                f"bench-{name}-{tag}-{i}", topic, work / f"{name}{i}", name == "hand"
+                f"bench-{name}-{tag}-{i}", topic, work / f"{name}{i}", name == "hand", args.schema
             )
             seconds, result = run_microbatch(spark, settings, pipeline)
             cpu = spark_cpu_seconds(spark) - cpu
@@ -412,6 +424,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="100,000 records")
     parser.add_argument("--warmup", type=int, default=20_000, help="records; 0: no warm-up")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each engine; best counts")
+    parser.add_argument(
+        "--no-schema",
+        dest="schema",
+        action="store_false",
+        help="microbatch windows without a declared schema (values decoded per record)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.records = 100_000

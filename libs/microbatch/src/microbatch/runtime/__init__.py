@@ -9,6 +9,7 @@ from typing import Any
 from microbatch.runtime.faults import CRASH_POINTS, InjectedCrash
 from microbatch.runtime.pipeline import Enrichment, EventTime, KafkaSource, Pipeline
 from microbatch.runtime.process import KeyedProcessFunction, ProcessContext
+from microbatch.runtime.schema import JsonSchema
 from microbatch.sinks import DeadLetterSink, KafkaSink, ParquetSink
 
 _BATCH_NAMES = ("BatchOptions", "BatchResult", "BatchRunner", "run_batch")
@@ -31,6 +32,7 @@ __all__ = [
     "Enrichment",
     "EventTime",
     "InjectedCrash",
+    "JsonSchema",
     "KafkaSink",
     "KafkaSource",
     "KeyedProcessFunction",
