@@ -21,7 +21,12 @@ from microbatch.checkpoint.catalog import load_manifest
 from microbatch.checkpoint.layout import Layout
 from microbatch.checkpoint.manifest import Manifest
 from microbatch.checkpoint.restore import empty_backends, restore_groups
-from microbatch.checkpoint.runstate import Loaded, changed_entries, write_batch_run
+from microbatch.checkpoint.runstate import (
+    Loaded,
+    changed_entries,
+    mark_all_changed,
+    write_batch_run,
+)
 from microbatch.checkpoint.writer import InstanceSnapshot, build_manifest, commit_manifest
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, check_max_parallelism, key_group_of_bytes
@@ -64,16 +69,13 @@ def _write_run(
 ) -> InstanceSnapshot:
     """All of one instance's keys as its one run (with the timer index)."""
     own = backend.key_groups
-    counts = {kg: 0 for kg in own}
-    backend.dirty_keys = set()
-    for kg in own:
-        keys = backend.keys([kg])
-        counts[kg] = len(keys)
-        backend.dirty_keys |= {(kg, kb) for kb in keys}
-    entries = changed_entries(backend, Loaded())
+    mark_all_changed(backend)
+    loaded = Loaded()
+    entries = changed_entries(backend, loaded)
     written = write_batch_run(
         store, layout, BlockCache(store), [], entries, target_id, index, uuid.uuid4().hex[:12], own
     )
+    counts = {kg: loaded.key_count_changes.get(kg, 0) for kg in own}
     return InstanceSnapshot(
         index, own, {}, frozenset(), None, written.bytes_written, written.runs, counts
     )

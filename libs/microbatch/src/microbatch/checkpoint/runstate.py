@@ -104,6 +104,13 @@ def load_due_timers(
     return len(due)
 
 
+def mark_all_changed(backend: KeyedStateBackend) -> None:
+    """Mark every key the backend holds as changed, so the next run carries the whole
+    state (a format-1 checkpoint's migration, a reshard's new checkpoint). With a fresh
+    :class:`Loaded`, each such key also counts as a key gained."""
+    backend.dirty_keys = {(kg, kb) for kg in backend.key_groups for kb in backend.keys([kg])}
+
+
 def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
     """The run entries for every key the batch changed, in sort-key order."""
     out: list[Entry] = []

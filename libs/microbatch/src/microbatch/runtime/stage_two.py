@@ -45,6 +45,7 @@ from microbatch.checkpoint.runstate import (
     instance_runs,
     load_due_timers,
     load_keys,
+    mark_all_changed,
     write_batch_run,
 )
 from microbatch.errors import CheckpointError, ConfigError, ProcessError, error_text
@@ -216,7 +217,7 @@ class StageTwo:
         )
         if base is not None and base.runs is None:
             backend, _ = restore_instance(store, base, self.parallelism, instance, clock=clock)
-            backend.dirty_keys = {(kg, kb) for kg in own for kb in backend.keys([kg])}
+            mark_all_changed(backend)
             return InstanceState(
                 backend, cache, [], Loaded(), None, base.checkpoint_id, migrated=True
             )
