@@ -14,7 +14,11 @@ export AIRFLOW_HOME ?= $(CURDIR)/.local/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS := microbatch.localstack.airflow.SQLITE_BUSY_TIMEOUT
+# Airflow's metadata DB: the local stack's PostgreSQL (`make airflow` starts it), as
+# production runs Airflow. psycopg 3 serves both the sync and the async engine.
+export MICROBATCH_POSTGRES_PORT ?= 5433
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN ?= postgresql+psycopg://microbatch:microbatch@127.0.0.1:$(MICROBATCH_POSTGRES_PORT)/airflow
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC ?= $(AIRFLOW__DATABASE__SQL_ALCHEMY_CONN)
 # The embedded stack's S3 keys (SeaweedFS starts with them), so an AWS_PROFILE or
 # AWS_ACCESS_KEY_ID in your shell does not stand in for them; unset when you point
 # MICROBATCH_S3_ENDPOINT_URL at your own S3 (then your keys or the AWS chain apply).
@@ -26,7 +30,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv tools jars setup browser test test-unit soak lint format demo airflow \
+.PHONY: all venv tools jars setup browser postgres test test-unit soak lint format demo airflow \
         stack-up stack-down stack-status bench lock clean cluster connect
 
 all: venv
@@ -73,12 +77,21 @@ jars: venv
 	@$(BIN)/python -c 'from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars; from microbatch.settings import Settings; print("==> Spark Kafka connector in", ensure_spark_kafka_jars(Settings.from_env().home_path)[0].parent)'
 	@$(BIN)/python -c 'from microbatch.localstack.delta_jars import ensure_delta_jars; from microbatch.settings import Settings; print("==> Delta Lake for Spark in", ensure_delta_jars(Settings.from_env().home_path)[0].parent)'
 
-$(AIRFLOW_HOME)/airflow.db: $(STAMP)
-	@echo "==> airflow db migrate ($(AIRFLOW_HOME))"
-	@mkdir -p $(AIRFLOW_HOME)
-	@$(BIN)/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
+setup: venv jars
 
-setup: venv jars $(AIRFLOW_HOME)/airflow.db
+# Debian's PostgreSQL server (Airflow's metadata DB in `make airflow` and the tests). A
+# no-op when its binaries are there (on PATH or in /usr/lib/postgresql/<major>/bin); else
+# apt-get as root (or through sudo). The stack runs its own cluster under .local/ (the
+# tests: under the temp dir), never the system's.
+postgres:
+	@{ command -v initdb >/dev/null && command -v postgres >/dev/null; } || \
+	  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { \
+	  echo "==> Debian package postgresql (Airflow's metadata DB)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "error: need root to install postgresql: apt-get install -y postgresql" >&2; exit 1; fi; \
+	  $$SUDO apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null || \
+	    { echo "error: apt-get install postgresql failed" >&2; exit 1; }; }
 
 # Debian's headless Chromium and its WebDriver, for the browser test of the Airflow UI
 # (tests/e2e/test_airflow_standalone.py). A no-op when both are on PATH; else apt-get as
@@ -95,7 +108,7 @@ browser:
 
 ## ---- the two commands --------------------------------------------------------------
 
-test: setup browser
+test: setup browser postgres
 	@echo "==> ruff"
 	@$(BIN)/ruff check libs dags plugins jobs tests bench
 	@echo "==> pytest (unit, then integration on real Kafka/SeaweedFS/Spark, then Airflow)"
@@ -116,7 +129,7 @@ demo: setup
 
 ## ---- services ----------------------------------------------------------------------
 
-airflow: setup
+airflow: setup postgres
 	@$(BIN)/python -m microbatch.localstack.airflow
 
 stack-up: jars

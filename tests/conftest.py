@@ -1,4 +1,5 @@
-"""Session-wide fixtures: one Kafka broker, one SeaweedFS, one SparkSession per test run.
+"""Session-wide fixtures: one Kafka broker, one SeaweedFS, one PostgreSQL, one SparkSession
+per test run.
 
 Services start lazily, only when a test asks for them, on free loopback ports, with data
 in a temporary folder; they stop when the run ends. To run the suite against services you
@@ -11,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 from microbatch.localstack import KafkaBroker, SeaweedFS
 from microbatch.localstack.kafka import SASL_PORT_OFFSET
+from microbatch.localstack.postgres import PostgresServer
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.seaweedfs import ALL_OFFSETS
 from microbatch.settings import Settings
@@ -93,6 +97,22 @@ def s3_settings(test_settings: Settings, stack_dir: Path) -> Iterator[Settings]:
 def stack_settings(kafka_settings: Settings, s3_settings: Settings) -> Settings:
     """Both Kafka and S3 are up."""
     return kafka_settings
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The run's PostgreSQL server (Airflow's metadata databases), on a free port.
+
+    Its folder is a fresh one under the system's temp dir rather than pytest's (which only
+    root may enter): run as root, the server runs as the ``postgres`` account. Not durable
+    (no fsync): a test run never outlives its machine.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="microbatch-postgres-"))
+    server = PostgresServer(free_port_block([0]), workdir, durable=False)
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

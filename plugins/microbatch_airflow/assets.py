@@ -57,6 +57,20 @@ def pipeline_asset(pipeline: str) -> Any:
     return Asset(name=f"{ASSET_SCHEME}.{pipeline}", uri=asset_uri(pipeline), group="microbatch")
 
 
+def new_records_asset(pipeline: str, trigger: Any) -> Any:
+    """The asset of an event-driven DAG: ``microbatch://<pipeline>/new-records``, watched
+    by ``trigger`` (a :class:`~microbatch_airflow.triggers.NewRecordsTrigger`), which adds
+    an event each time the pipeline's topics hold records past its newest checkpoint."""
+    from airflow.sdk import Asset, AssetWatcher
+
+    return Asset(
+        name=f"{ASSET_SCHEME}.{pipeline}.new_records",
+        uri=f"{asset_uri(pipeline)}/new-records",
+        group="microbatch",
+        watchers=[AssetWatcher(name=f"{ASSET_SCHEME}.{pipeline}.new_records", trigger=trigger)],
+    )
+
+
 def asset_event_extra(result: dict[str, Any]) -> dict[str, Any]:
     """The event's ``extra``: batch id, records, lag and watermark of a committed batch,
     and the pipeline's checkpoint location and source topics (for the Microbatch page)."""

@@ -6,6 +6,13 @@ The DAG runs one micro-batch per run::
 
 - one run at a time (``max_active_runs=1``), no catch-up by default: a batch reads up to
   the end of its run's data interval, and a late run simply reads more;
+- ``schedule="on_new_data"`` makes the DAG event-driven: a run starts when the pipeline's
+  topics hold records past its newest checkpoint (an asset watched by
+  :class:`~microbatch_airflow.triggers.NewRecordsTrigger` in the triggerer, polling every
+  ``new_data_poll_s``); ``on_new_data=True`` with a cron ``schedule`` does both (the cron
+  runs also fire event-time timers once records stop arriving, and keep backfills
+  possible). A duplicate, stale or late event never duplicates output: a run reads
+  exactly the offsets past the newest checkpoint, and skips its batch when there are none;
 - a cron ``schedule`` gets real data intervals (``CronDataIntervalTimetable``: the run at
   10:05 covers ``[10:00, 10:05)``), so ``airflow backfill create`` can reprocess past
   intervals: each backfill run rewinds the pipeline to the checkpoint as of its interval's
@@ -32,6 +39,8 @@ from typing import Any
 from microbatch_airflow.connections import KAFKA_CONN_ID, S3_CONN_ID, SPARK_CONN_ID
 
 DEFAULT_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+#: ``microbatch_dag(schedule=ON_NEW_DATA)``: event-driven runs only.
+ON_NEW_DATA = "on_new_data"
 
 
 def microbatch_dag(
@@ -59,6 +68,8 @@ def microbatch_dag(
     tags: Sequence[str] = (),
     doc_md: str | None = None,
     kafka_repeats_on_backfill: bool = False,
+    on_new_data: bool = False,
+    new_data_poll_s: float = 2.0,
     **dag_kwargs: Any,
 ) -> Any:
     """Build (and register) the DAG of the pipeline in ``job``.
@@ -70,17 +81,30 @@ def microbatch_dag(
     secrets: use connections). ``wait_for_data_s`` lets the new-data check wait in the
     triggerer for records to arrive before skipping. ``kafka_repeats_on_backfill`` lets
     backfills of a pipeline with Kafka sinks publish the reprocessed intervals' records
-    again (without it such a backfill is refused). Other keyword arguments go to ``DAG``.
+    again (without it such a backfill is refused). ``schedule="on_new_data"`` (or
+    ``on_new_data=True`` beside a cron) starts runs when records arrive, checking every
+    ``new_data_poll_s`` seconds. Other keyword arguments go to ``DAG``.
     """
     from airflow.sdk import DAG
 
-    from microbatch_airflow.assets import outputs_alias, pipeline_asset
+    from microbatch_airflow.assets import new_records_asset, outputs_alias, pipeline_asset
     from microbatch_airflow.operators import MicrobatchBatchOperator, MicrobatchNewDataOperator
     from microbatch_airflow.params import batch_params
+    from microbatch_airflow.triggers import NewRecordsTrigger
 
     job = str(Path(job).resolve())
     pipeline = pipeline or Path(job).stem
     env = dict(env or {})
+    if schedule == ON_NEW_DATA:
+        schedule, on_new_data = None, True
+    timetable = _with_data_intervals(schedule)
+    if on_new_data:
+        watched = new_records_asset(
+            pipeline,
+            NewRecordsTrigger(job, env=env, kafka_conn_id=kafka_conn_id, s3_conn_id=s3_conn_id,
+                              poll_interval_s=new_data_poll_s),
+        )  # fmt: skip
+        timetable = _or_on(watched, timetable)
     default_args = {
         "retries": retries,
         "retry_delay": retry_delay,
@@ -90,7 +114,7 @@ def microbatch_dag(
     }
     with DAG(
         dag_id=dag_id,
-        schedule=_with_data_intervals(schedule),
+        schedule=timetable,
         start_date=start_date,
         catchup=catchup,
         max_active_runs=dag_kwargs.pop("max_active_runs", 1),
@@ -138,6 +162,19 @@ def _with_data_intervals(schedule: Any) -> Any:
     from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
 
     return CronDataIntervalTimetable(schedule, timezone="UTC")
+
+
+def _or_on(asset: Any, timetable: Any) -> Any:
+    """Runs on ``asset``'s events, and also at ``timetable``'s ticks when there is one."""
+    if timetable is None:
+        return asset
+    if isinstance(timetable, str):  # "@once", "@continuous": no ticks to combine with
+        from microbatch.errors import ConfigError
+
+        raise ConfigError(f"schedule={timetable!r} cannot be combined with on_new_data=True")
+    from airflow.sdk import AssetOrTimeSchedule
+
+    return AssetOrTimeSchedule(timetable=timetable, assets=asset)
 
 
 def _doc(pipeline: str, job: str) -> str:

@@ -78,8 +78,11 @@ def decide(
     end_offsets: Mapping[Any, int],
     now_ms: int,
     published: bool = True,
+    idle_timers: bool = True,
 ) -> Decision:
-    """The rules of the module docstring; ``end_offsets`` covers every source partition."""
+    """The rules of the module docstring; ``end_offsets`` covers every source partition.
+    ``idle_timers=False`` leaves rule 5 out (the event-driven trigger: an advancing
+    watermark is a matter of time passing, which its DAG's cron, if any, covers)."""
     from microbatch.kafka import partition_lag
     from microbatch.runtime.records import BatchRecord
 
@@ -102,7 +105,7 @@ def decide(
         return Decision(
             True, f"{pending.count} async elements pending from checkpoint {cid}", 0, lag
         )
-    if facts.allowed_lateness_s is not None:
+    if idle_timers and facts.allowed_lateness_s is not None:
         event_time = None if record.event_time is None else record.event_time.to_json()
         old, new_wm = watermark_now(facts, event_time, now_ms)
         if new_wm is not None and (old is None or new_wm > old):
@@ -132,7 +135,9 @@ def watermark_now(
     return state.watermark, advance(state, {}, now_ms, spec).watermark
 
 
-def check_for_work(facts: PipelineFacts, settings: Settings, now_ms: int) -> Decision:
+def check_for_work(
+    facts: PipelineFacts, settings: Settings, now_ms: int, idle_timers: bool = True
+) -> Decision:
     """Read the newest manifest and the Kafka end offsets; every client is closed."""
     from microbatch.checkpoint import Layout, latest_manifest
     from microbatch.kafka import KafkaBrokerView, TopicPartition
@@ -143,11 +148,11 @@ def check_for_work(facts: PipelineFacts, settings: Settings, now_ms: int) -> Dec
     store = open_store(facts.checkpoints, settings)
     manifest = latest_manifest(store, Layout())
     if manifest is None:
-        return decide(facts, None, {}, now_ms)
+        return decide(facts, None, {}, now_ms, idle_timers=idle_timers)
     published = is_published(store, Layout(), manifest.checkpoint_id)
     known = set(BatchRecord.of(manifest).offsets)
     with KafkaBrokerView.for_settings(settings, timeout_s=20.0) as view:
         for topic in facts.topics:
             known |= {TopicPartition(topic, p) for p in view.partitions_for(topic) or ()}
         end = view.end_offsets(sorted(known))
-    return decide(facts, manifest, end, now_ms, published)
+    return decide(facts, manifest, end, now_ms, published, idle_timers)

@@ -5,7 +5,6 @@ checkpoints, by Airflow's API app over a real metadata database."""
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -69,11 +68,9 @@ microbatch_dag("not_yet", {job!r}, pipeline="not_yet", max_parallelism=16,
 
 
 def test_page_lists_a_pipeline_whose_job_raises_on_import_with_its_stored_facts(
-    airflow_home, tmp_path
+    new_airflow_home, tmp_path
 ):
-    home = tmp_path / "airflow"
-    home.mkdir()
-    shutil.copy(airflow_home / "airflow.db", home / "airflow.db")  # migrated once per run
+    home = new_airflow_home("page")
     write_batches(tmp_path / "exploding")
     marker = tmp_path / "imported.txt"
     job = tmp_path / "jobs" / "exploding.py"

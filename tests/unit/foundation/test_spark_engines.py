@@ -4,6 +4,7 @@ the shared Connect session id of warm mode."""
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from microbatch.settings import Settings
 from microbatch.spark import connect_session_id, with_session_id
-from microbatch.submit import spark_submit_command
+from microbatch.submit import FALLBACK_MASTER, reachable_engine, spark_submit_command
 
 JOB = Path(__file__).resolve().parents[3] / "jobs" / "clickstream.py"
 DAY = dt.date(2026, 1, 2)
@@ -52,3 +53,35 @@ def test_with_session_id_adds_the_parameter_to_any_connect_url() -> None:
     assert with_session_id("sc://h:15002", "abc") == "sc://h:15002/;session_id=abc"
     assert with_session_id("sc://h:15002/", "abc") == "sc://h:15002/;session_id=abc"
     assert with_session_id("sc://h:1/;token=t", "abc") == "sc://h:1/;token=t;session_id=abc"
+
+
+def test_a_connect_server_that_does_not_answer_falls_back_to_spark_submit_and_says_so() -> None:
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        master = f"sc://127.0.0.1:{closed.getsockname()[1]}"
+        said: list[str] = []
+
+        settings = reachable_engine(Settings(spark_master=master), said.append)
+
+    assert settings.spark_master == FALLBACK_MASTER
+    assert len(said) == 1 and master in said[0] and "spark-submit" in said[0]
+    argv, env = spark_submit_command(settings, JOB)
+    assert Path(argv[0]).name == "spark-submit" and env["MICROBATCH_SPARK_MASTER"] == "local[*]"
+
+
+def test_a_connect_server_that_answers_keeps_the_batch_warm() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        master = f"sc://127.0.0.1:{server.getsockname()[1]}/;session_id=abc"
+        said: list[str] = []
+
+        settings = reachable_engine(Settings(spark_master=master), said.append)
+
+    assert settings.spark_master == master and said == []
+
+
+def test_classic_masters_are_never_probed() -> None:
+    said: list[str] = []
+    settings = reachable_engine(Settings(spark_master="spark://nowhere:7077"), said.append)
+    assert settings.spark_master == "spark://nowhere:7077" and said == []

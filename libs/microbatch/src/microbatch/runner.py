@@ -20,7 +20,7 @@ from typing import Any
 
 from microbatch.errors import MicrobatchError
 from microbatch.settings import Settings
-from microbatch.submit import spark_submit_command
+from microbatch.submit import reachable_engine, spark_submit_command
 
 RESULT_PREFIX = "MICROBATCH_RESULT "
 ERROR_PREFIX = "microbatch run: "  # the line the CLI prints when a batch fails
@@ -48,9 +48,13 @@ def run_job(
     The job runs in its own process group, which is stopped whole (spark-submit, the JVM,
     the Python driver) when this call ends by an exception — a timeout, a kill of the
     caller's task — so no batch keeps running behind its caller's back. ``started`` gets
-    the process, for a caller that must stop it from elsewhere (:func:`stop_job`)."""
+    the process, for a caller that must stop it from elsewhere (:func:`stop_job`). A
+    Spark Connect master that does not answer falls back to a cold ``spark-submit``
+    (:func:`microbatch.submit.reachable_engine`)."""
     settings = settings or Settings.from_env()
     echo = echo or log.info
+    if "--dry-run" not in job_args:  # a dry run plans only: it never starts Spark
+        settings = reachable_engine(settings, echo)
     argv, job_env = spark_submit_command(settings, job, job_args)
     job_env.update(env or {})
     echo("running: " + " ".join(argv))  # argv never holds secrets: they travel in job_env

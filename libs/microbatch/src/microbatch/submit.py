@@ -7,9 +7,11 @@ what the caller resolved (including values taken from Airflow connections).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from microbatch.errors import ConfigError
@@ -26,6 +28,40 @@ def spark_submit_binary() -> str:
             "(`make venv`) or a Spark distribution and put its bin/ on PATH"
         )
     return found
+
+
+#: Where a batch goes when its Spark Connect server does not answer: a cold spark-submit.
+FALLBACK_MASTER = "local[*]"
+CONNECT_DEFAULT_PORT = 15002
+
+
+def connect_server_answers(master: str, timeout: float = 3.0) -> bool:
+    """Does the Spark Connect server of ``master`` (``sc://host[:port][/;params]``) accept
+    a connection within ``timeout`` seconds?"""
+    address = master.removeprefix("sc://").split("/", 1)[0]
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
+    try:
+        with socket.create_connection(
+            (host.strip("[]"), int(port or CONNECT_DEFAULT_PORT)), timeout=timeout
+        ):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def reachable_engine(settings: Settings, echo: Callable[[str], None]) -> Settings:
+    """``settings``, with a Spark Connect master that does not answer replaced by
+    :data:`FALLBACK_MASTER`: the batch runs cold rather than failing or hanging, and says
+    so in its log."""
+    master = settings.spark_master
+    if not master.startswith("sc://") or connect_server_answers(master):
+        return settings
+    echo(
+        f"Spark Connect server {master} does not answer: this batch runs cold with "
+        f"spark-submit --master {FALLBACK_MASTER} instead (start the server: `make connect`, "
+        "or `microbatch-stack up --only spark-connect`)"
+    )
+    return dataclasses.replace(settings, spark_master=FALLBACK_MASTER)
 
 
 def spark_submit_command(

@@ -1,4 +1,5 @@
-"""The embedded local stack: a real Kafka broker and a real S3-compatible store on loopback.
+"""The embedded local stack: a real Kafka broker, a real S3-compatible store and a real
+PostgreSQL (Airflow's metadata DB) on loopback, plus optional Spark services.
 
 Used by ``make demo``, ``make airflow`` and the test fixtures alike; production points the
 settings at external services and never starts this.
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from microbatch.errors import ConfigError
 from microbatch.localstack.kafka import KafkaBroker
+from microbatch.localstack.postgres import PostgresServer, configured_port
 from microbatch.localstack.seaweedfs import SeaweedFS
 from microbatch.localstack.spark_cluster import SparkStandaloneCluster
 from microbatch.localstack.spark_connect import SparkConnectServer
@@ -20,6 +22,7 @@ from microbatch.settings import Settings
 __all__ = [
     "KafkaBroker",
     "LocalStack",
+    "PostgresServer",
     "SeaweedFS",
     "SparkConnectServer",
     "SparkStandaloneCluster",
@@ -36,11 +39,12 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
-Service = KafkaBroker | SeaweedFS | SparkStandaloneCluster | SparkConnectServer
+Service = KafkaBroker | SeaweedFS | PostgresServer | SparkStandaloneCluster | SparkConnectServer
 
 
 class LocalStack:
-    """Kafka and SeaweedFS for one :class:`Settings`, with data under ``workdir``."""
+    """Kafka, SeaweedFS and PostgreSQL for one :class:`Settings` (PostgreSQL's port:
+    ``MICROBATCH_POSTGRES_PORT``), and the Spark services, with data under ``workdir``."""
 
     def __init__(self, settings: Settings, workdir: Path | None = None) -> None:
         self.settings = settings
@@ -48,6 +52,7 @@ class LocalStack:
         self.services: dict[str, Service] = {
             "kafka": KafkaBroker(settings, root / "kafka"),
             "seaweedfs": SeaweedFS(settings, root / "seaweedfs"),
+            "postgres": PostgresServer(configured_port(), root / "postgres"),
             "spark-cluster": SparkStandaloneCluster(SPARK_MASTER_PORT, root / "spark-cluster"),
             "spark-connect": SparkConnectServer(SPARK_CONNECT_PORT, root / "spark-connect"),
         }
@@ -71,9 +76,11 @@ class LocalStack:
     def describe(self) -> str:
         cluster = self.services["spark-cluster"]
         connect = self.services["spark-connect"]
+        postgres = self.services["postgres"]
         rows = [
             ("Kafka", self.settings.kafka_bootstrap_servers, self.services["kafka"]),
             ("SeaweedFS", self.settings.s3_endpoint_url, self.services["seaweedfs"]),
+            ("PostgreSQL", f"127.0.0.1:{postgres.port}", postgres),
             ("Spark", cluster.url, cluster),
             ("Connect", connect.url, connect),
         ]

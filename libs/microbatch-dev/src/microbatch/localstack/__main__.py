@@ -1,5 +1,8 @@
 """``microbatch-stack up|down|status``: the embedded Kafka + SeaweedFS on loopback.
 
+``--only postgres`` starts the PostgreSQL that ``make airflow`` keeps Airflow's metadata
+in (port ``MICROBATCH_POSTGRES_PORT``, default 5433; user and password ``microbatch``).
+
 ``--only spark-cluster`` starts a standalone master (7077) with two workers and
 ``--only spark-connect`` a warm Spark Connect server (15002); ``down`` stops everything.
 
@@ -24,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument(
         "--only",
-        choices=["kafka", "seaweedfs", "spark-cluster", "spark-connect"],
+        choices=["kafka", "seaweedfs", "postgres", "spark-cluster", "spark-connect"],
         action="append",
         help="limit to a service (default: kafka and seaweedfs)",
     )

@@ -3,10 +3,19 @@
 What a new user gets:
 
 1. Kafka and SeaweedFS on their configured ports (a running or external one is used as is),
-2. the example's profile service and its topics,
-3. ``airflow standalone`` on ``127.0.0.1:$AIRFLOW__API__PORT`` (default 8080),
-4. the ``clickstream`` DAG unpaused, so its 5-minute schedule runs batches,
-5. a background producer of live clicks into the example's topic, so every scheduled
+2. PostgreSQL (``MICROBATCH_POSTGRES_PORT``, default 5433) holding Airflow's metadata in
+   its database ``airflow``, as production Airflow runs (on SQLite the scheduler dies
+   when a backfill and other writers overlap); an ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``
+   of your own is used as is,
+3. a warm Spark Connect server (``sc://127.0.0.1:15002``) the DAGs' batches run on, unless
+   ``MICROBATCH_SPARK_MASTER`` names another engine; a batch that finds it down runs cold
+   with ``spark-submit`` and says so,
+4. the example's profile service and its topics,
+5. ``airflow standalone`` on ``127.0.0.1:$AIRFLOW__API__PORT`` (default 8080),
+6. the ``clickstream`` DAG unpaused: event-driven (a batch as soon as clicks arrive) and
+   on its 5-minute schedule (``MICROBATCH_CLICKSTREAM_ON_NEW_DATA=false``: the schedule
+   only),
+7. a background producer of live clicks into the example's topic, so every scheduled
    batch has records to read.
 
 :class:`AirflowStandalone` — start, wait for the REST API, log in, unpause a DAG, stop the
@@ -31,17 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from microbatch.errors import MicrobatchError, ServiceError
-from microbatch.localstack import LocalStack, stop_on_sigterm
+from microbatch.localstack import LocalStack, PostgresServer, stop_on_sigterm
 from microbatch.localstack.process import ServiceProcess, free_port_block, pid_alive, port_is_free
 from microbatch.localstack.topics import create_topics
 from microbatch.settings import Settings
 
 EXAMPLE_DAG = "clickstream"
 PASSWORDS_FILE_VAR = "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
-SQLITE_CONNECT_ARGS = "microbatch.localstack.airflow.SQLITE_BUSY_TIMEOUT"
-SQLITE_BUSY_TIMEOUT = {"timeout": 120}
-"""Connect arguments of Airflow's SQLite database (``[database] sql_alchemy_connect_args``
-names this dict): wait up to 2 minutes for a lock rather than 5 seconds."""
+DATABASE_VAR = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+#: The database of Airflow's metadata on the local stack's PostgreSQL.
+AIRFLOW_DATABASE = "airflow"
 
 
 class AirflowAPIError(ServiceError):
@@ -66,6 +74,13 @@ class AirflowStandalone:
         self.home = Path(home)
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        database = env.get(DATABASE_VAR, "")
+        if not database or database.startswith("sqlite"):
+            raise ServiceError(
+                f"Airflow: {DATABASE_VAR}={database!r}: give airflow standalone a PostgreSQL "
+                "database (on SQLite its scheduler dies when a backfill and other writers "
+                "overlap); the local stack's: PostgresServer.airflow_env(...)"
+            )
         self.env = dict(env) | {
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -80,9 +95,6 @@ class AirflowStandalone:
             self.env.setdefault(
                 f"AIRFLOW__LOGGING__{name}_LOG_SERVER_PORT", str(free_port_block([0]))
             )
-        # Standalone keeps its metadata in SQLite: an ``airflow`` CLI command (a backfill)
-        # then waits for the scheduler's write lock instead of failing after sqlite's 5 s.
-        self.env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", SQLITE_CONNECT_ARGS)
         self.process = ServiceProcess("standalone", self.home)
 
     @property
@@ -211,6 +223,15 @@ class AirflowStandalone:
         self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False}, token=token)
 
 
+def _without_password(url: str) -> str:
+    """A database URL fit for a terminal: its password replaced by ``***``."""
+    head, at, tail = url.rpartition("@")
+    if not at or ":" not in head.split("//", 1)[-1]:
+        return url
+    scheme_user, _, _ = head.rpartition(":")
+    return f"{scheme_user}:***@{tail}"
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -293,24 +314,40 @@ def main() -> int:
         return 1
     home.mkdir(parents=True, exist_ok=True)
     stack = LocalStack(settings)
+    postgres = stack.services["postgres"]
+    connect = stack.services["spark-connect"]
+    assert isinstance(postgres, PostgresServer)
+    own_database = postgres.sqlalchemy_url(AIRFLOW_DATABASE)
     external = {
         "kafka": "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ,
         "seaweedfs": "MICROBATCH_S3_ENDPOINT_URL" in os.environ,
+        "postgres": os.environ.get(DATABASE_VAR, own_database) != own_database,
+        "spark-connect": "MICROBATCH_SPARK_MASTER" in os.environ,
     }
     started: list[str] = []
     profiles: ProfileService | None = None
     clicks: LiveClicks | None = None
     airflow = None
     try:
-        for name in ("kafka", "seaweedfs"):
+        for name in ("kafka", "seaweedfs", "postgres", "spark-connect"):
             if external[name] or stack.services[name].process.pid() is not None:
                 print(f"[stack] {name}: using the running/external service", flush=True)
                 continue
             print(f"[stack] starting {name} ...", flush=True)
+            begun = time.monotonic()
             stack.start(name)
             started.append(name)
+            print(f"[stack] {name} ready in {time.monotonic() - begun:.0f} s", flush=True)
         print(stack.describe(), flush=True)
         env = dict(os.environ)
+        env.setdefault("MICROBATCH_CLICKSTREAM_ON_NEW_DATA", "true")
+        if not external["postgres"]:
+            postgres.create_database(AIRFLOW_DATABASE)
+            env |= postgres.airflow_env(AIRFLOW_DATABASE)
+        print(f"[airflow] metadata DB: {_without_password(env[DATABASE_VAR])}", flush=True)
+        if not external["spark-connect"]:
+            env["MICROBATCH_SPARK_MASTER"] = connect.url
+        print(f"[airflow] batches run on Spark {env['MICROBATCH_SPARK_MASTER']}", flush=True)
         config = ClickstreamConfig.from_env(settings.s3_bucket)
         if ClickstreamConfig.ENV_PREFIX + "PROFILE_URL" not in env:
             profiles = ProfileService(latency_ms=5, error_rate=0.0, log=home / "profiles.log")
@@ -330,7 +367,8 @@ def main() -> int:
         clicks.start()
         print(
             f"\nAirflow is up:  {airflow.url}\n  login: admin / {password}\n"
-            f"  DAG '{EXAMPLE_DAG}' is unpaused: a batch every 5 minutes (Grid view of the DAG);\n"
+            f"  DAG '{EXAMPLE_DAG}' is unpaused: a batch when clicks arrive "
+            f"(on_new_data: {env['MICROBATCH_CLICKSTREAM_ON_NEW_DATA']}) and every 5 minutes;\n"
             f"  live clicks (~{clicks.rate:g}/s) go to topic '{config.topic}'; the Microbatch "
             f"page is {airflow.url}/microbatch/\n"
             "  Ctrl-C stops Airflow, the producer and the services started here.\n",

@@ -90,10 +90,12 @@ class ServiceProcess:
         ready: Callable[[], bool],
         timeout: float,
         hint: str,
+        user: str | None = None,
     ) -> int:
         """Launch ``argv`` detached and wait until ``ready()`` is true.
 
-        ``hint`` is appended to failure messages: what the user can do about it.
+        ``hint`` is appended to failure messages: what the user can do about it. ``user``
+        runs the process as that account (we must be root), for servers that refuse root.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
@@ -106,7 +108,9 @@ class ServiceProcess:
                     env=env,
                     cwd=self.workdir,
                     start_new_session=True,
-                )
+                    **({"user": user, "group": _primary_group(user), "extra_groups": []}
+                       if user else {}),
+                )  # fmt: skip
             except FileNotFoundError as exc:
                 raise ServiceError(
                     f"{self.name}: cannot run {argv[0]!r} ({exc.strerror}). {hint}"
@@ -130,14 +134,14 @@ class ServiceProcess:
             f"  last lines of {self.log_path}:\n{tail(self.log_path)}"
         )
 
-    def stop(self, timeout: float = 20.0) -> bool:
-        """SIGTERM the process group, SIGKILL after ``timeout``. True if something ran."""
+    def stop(self, timeout: float = 20.0, sig: int = signal.SIGTERM) -> bool:
+        """``sig`` to the process group, SIGKILL after ``timeout``. True if something ran."""
         pid = self.pid()
         self.pid_path.unlink(missing_ok=True)
         if pid is None:
             return False
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, sig)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not _reap(pid):
@@ -147,6 +151,12 @@ class ServiceProcess:
             os.killpg(pid, signal.SIGKILL)
         _reap(pid)
         return True
+
+
+def _primary_group(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
 
 
 def _reap(pid: int) -> bool:
