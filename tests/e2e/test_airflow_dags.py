@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import REPO, run_airflow_script
+from tests.e2e.harness import REPO, run_airflow_script
 
 pytestmark = pytest.mark.e2e
 

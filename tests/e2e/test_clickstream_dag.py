@@ -21,7 +21,7 @@ from microbatch.examples.clickstream import ClickstreamConfig
 from microbatch.examples.profile_service import ProfileService
 from microbatch.localstack.topics import create_topics, produce
 from microbatch.storage import open_store
-from tests.e2e.conftest import REPO, run_airflow_script
+from tests.e2e.harness import REPO, run_airflow_script
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import run_airflow_script
+from tests.e2e.harness import run_airflow_script
 from tests.unit.plugin.test_ui import write_batches
 
 pytestmark = pytest.mark.e2e

@@ -136,11 +136,30 @@ def _batch_stats(pipeline: Any, settings: Any, batch: Any) -> Any:
 
 
 def _run_line(r: dict[str, Any]) -> str:
-    return (
-        f"batch {r['batch_id']} {r['status']}: {r['records_in']} records in, outputs "
-        f"{r['outputs']}, {r['dead_letters']} dead letters, watermark {_fmt_ms(r['watermark'])}, "
-        f"parallelism {r['parallelism']}, {r['seconds'].get('total', 0)} s"
-    )
+    """One line per batch, what a task log reader wants: e.g. ``batch 5 committed in
+    3.2 s: 17 records in, 1 dead letter (malformed 1), out sessions=6 sessions_topic=6,
+    watermark 2026-11-26T09:52:00+00:00, parallelism 2, replayed the stored plan``."""
+    letters = r.get("dead_letters", 0)
+    reasons = r.get("dead_letter_reasons") or {}
+    why = f" ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})" if reasons else ""
+    outputs = " ".join(f"{name}={n}" for name, n in (r.get("outputs") or {}).items()) or "none"
+    parts = [
+        f"{r['records_in']} records in",
+        f"{letters} dead letter{'' if letters == 1 else 's'}{why}",
+        f"out {outputs}",
+        f"watermark {_fmt_ms(r.get('watermark'))}",
+        f"parallelism {r['parallelism']}",
+    ]
+    if r.get("replayed"):
+        parts.append("replayed the stored plan of an earlier attempt")
+    rewind = r.get("rewind")
+    if rewind:
+        first, last = rewind.get("undone") or ["?", "?"]
+        parts.append(f"rewound to checkpoint {rewind.get('to_checkpoint')} (undid {first}..{last})")
+    if r.get("recovered_publish") is not None:
+        parts.append(f"published checkpoint {r['recovered_publish']} first")
+    seconds = (r.get("seconds") or {}).get("total", 0)
+    return f"batch {r['batch_id']} {r['status']} in {seconds:.1f} s: {', '.join(parts)}"
 
 
 def _progress(args: argparse.Namespace, text: str) -> None:

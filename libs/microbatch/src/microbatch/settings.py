@@ -25,6 +25,9 @@ Variables (each maps to the field of the same name, lower-cased, without the pre
 - ``MICROBATCH_S3_BUCKET``: bucket for checkpoints and outputs; ``microbatch``
 - ``MICROBATCH_SPARK_MASTER``: Spark master URL (``local[*]``, ``spark://host:7077``,
   ``k8s://...``, ``yarn``); ``local[*]``
+- ``MICROBATCH_SPARK_LOG_LEVEL``: the level of Spark's own log (the JVM's log4j) in a
+  batch's output — the CLI's, the Airflow task log: ``WARN`` (``INFO`` shows Spark's
+  start-up and stage chatter, ``ERROR`` less); ``WARN``
 - ``MICROBATCH_HOME``: local folder for downloaded jars and service data; ``./.local``
 - ``MICROBATCH_STATE_CACHE_DIR``: local folder where executors keep fetched state blocks
   between batches (``off``: none); empty = ``microbatch-state-cache`` in the temp dir
@@ -83,6 +86,7 @@ _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 _SECRET_FIELDS = frozenset({"s3_secret_access_key", "kafka_sasl_password"})
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SPARK_LOG_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +105,7 @@ class Settings:
     s3_region: str = "us-east-1"
     s3_bucket: str = "microbatch"
     spark_master: str = "local[*]"
+    spark_log_level: str = "WARN"
     home: str = ".local"
     state_cache_dir: str = ""
     state_cache_memory_mb: int = 256
@@ -118,6 +123,13 @@ class Settings:
                     f"MICROBATCH_{name.upper()}={raw!r}: expected a whole number of MiB (0 or more)"
                 )
             object.__setattr__(self, name, mib)
+        level = str(self.spark_log_level).upper()
+        if level not in SPARK_LOG_LEVELS:
+            raise ConfigError(
+                f"MICROBATCH_SPARK_LOG_LEVEL={self.spark_log_level!r}: expected one of "
+                f"{', '.join(SPARK_LOG_LEVELS)}"
+            )
+        object.__setattr__(self, "spark_log_level", level)
         if not self.kafka_bootstrap_servers.strip():
             raise ConfigError(
                 "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS is empty: give at least one host:port"

@@ -76,7 +76,7 @@ def spark_session(
     for key, value in merged.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel(settings.spark_log_level)
     return session
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -64,6 +65,34 @@ def reachable_engine(settings: Settings, echo: Callable[[str], None]) -> Setting
     return dataclasses.replace(settings, spark_master=FALLBACK_MASTER)
 
 
+LOG4J2_CONFIG = """\
+# microbatch: Spark's own log at {level} (MICROBATCH_SPARK_LOG_LEVEL), on stderr
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+# Noisy at WARN on every start, harmless: native Hadoop libraries are optional.
+logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativecode.level = error
+"""
+
+
+def log4j2_config(level: str) -> Path:
+    """A log4j2 configuration that logs Spark's JVM at ``level`` (written once per level
+    into the temp dir), for the driver's ``-Dlog4j2.configurationFile``: Spark's own
+    default logs every start-up step at INFO before the job can set a level."""
+    text = LOG4J2_CONFIG.format(level=level.lower())
+    path = Path(tempfile.gettempdir()) / f"microbatch-spark-log4j2-{level.lower()}.properties"
+    if not path.exists() or path.read_text() != text:
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text)
+        partial.replace(path)
+    return path
+
+
 def spark_submit_command(
     settings: Settings,
     job: str | Path,
@@ -86,6 +115,10 @@ def spark_submit_command(
         argv = [spark_submit_binary(), "--master", settings.spark_master]
         if settings.spark_master.startswith("local"):
             argv += ["--conf", "spark.driver.host=127.0.0.1"]
+        argv += [
+            "--driver-java-options",
+            f"-Dlog4j2.configurationFile=file:{log4j2_config(settings.spark_log_level)}",
+        ]
         jars = spark_kafka_jars(settings.home_path)
         if jars and settings.spark_master.startswith(("local", "spark://")):
             # Stage 1's JVM Kafka reader (``reader="auto"``): spark-submit has started the
@@ -98,4 +131,8 @@ def spark_submit_command(
     env.update(settings.to_env())
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.spark_master.startswith("local"):
+        # The driver binds to loopback anyway; this keeps Spark from warning that the
+        # host name resolves to it, on every batch.
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return argv, env
