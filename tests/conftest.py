@@ -1,5 +1,5 @@
 """Session-wide fixtures: one Kafka broker, one SeaweedFS, one PostgreSQL, one SparkSession
-per test run.
+and one Spark Connect server per test run.
 
 Services start lazily, only when a test asks for them, on free loopback ports, with data
 in a temporary folder; they stop when the run ends. To run the suite against services you
@@ -26,6 +26,7 @@ from microbatch.localstack.kafka import SASL_PORT_OFFSET
 from microbatch.localstack.postgres import PostgresServer
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.seaweedfs import ALL_OFFSETS
+from microbatch.localstack.spark_connect import SparkConnectServer
 from microbatch.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,6 +114,16 @@ def postgres() -> Iterator[PostgresServer]:
     yield server
     server.stop()
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def spark_connect(stack_dir: Path) -> Iterator[SparkConnectServer]:
+    """The run's warm Spark Connect server (executors ``local[2]``): the warm-mode tests and
+    the Airflow batches of the e2e tests run on it, as ``make airflow``'s do."""
+    server = SparkConnectServer(free_port_block([0]), stack_dir / "spark-connect", "local[2]")
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -54,13 +54,14 @@ def history_clicks(start: dt.datetime, end: dt.datetime) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def standalone(stack_settings, new_airflow_home):
+def standalone(stack_settings, new_airflow_home, spark_connect):
     """A running ``airflow standalone`` (a :class:`StandaloneAirflow`) on the test stack.
 
     Started with: a fresh ``AIRFLOW_HOME`` under the test's tmp folder with a metadata
-    database of its own on the run's PostgreSQL (``new_airflow_home``); the API on a free
-    port of 127.0.0.1; the repo's ``dags/`` and ``plugins/``; the venv's ``bin`` on
-    ``PATH``, ``PYSPARK_PYTHON``; the stack's ``MICROBATCH_*`` settings and a fresh
+    database of its own on the run's PostgreSQL (``new_airflow_home``); batches on the
+    run's warm Spark Connect server (``spark_connect``), as ``make airflow`` runs them; the
+    API on a free port of 127.0.0.1; the repo's ``dags/`` and ``plugins/``; the venv's
+    ``bin`` on ``PATH``, ``PYSPARK_PYTHON``; the stack's ``MICROBATCH_*`` settings and a fresh
     clickstream namespace (topics ``clicks-sa-<id>`` …, root
     ``s3://<bucket>/e2e-standalone-<id>``, ``MICROBATCH_CLICKSTREAM_*``, idle timeout
     600 s so idle partitions never trigger a batch by themselves) with its profile service;
@@ -133,6 +134,8 @@ def standalone(stack_settings, new_airflow_home):
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USERNAME}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            # Warm, as `make airflow` runs them: the batches run on the run's Connect server.
+            "MICROBATCH_SPARK_MASTER": spark_connect.url,
         },
     )
     airflow = AirflowStandalone(home, free_port_block([0]), env)

@@ -30,7 +30,7 @@ def _wait_for_runs(standalone, dag_id: str, count: int, timeout: float = 300.0) 
         runs = _runs(standalone, dag_id)
         if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
             return runs
-        states = [(r["run_id"], r["state"]) for r in runs]
+        states = [(r["dag_run_id"], r["state"]) for r in runs]
         assert time.monotonic() < deadline, f"{dag_id}: fewer than {count} ended runs: {states}"
         time.sleep(1)
 

@@ -3,13 +3,14 @@ commits once.
 
 The run's ``airflow standalone`` runs one scheduler (LocalExecutor: the batch task runs
 under it). Once the batch of a manual run of ``clickstream_failover`` (a fresh namespace)
-has stored its plan, the scheduler and every process under it — the task,
-``spark-submit``, the job — are SIGKILLed: a crash of the scheduler's machine, the batch
-half done. A second scheduler, started next on the same PostgreSQL metadata DB (Airflow
-supports several on PostgreSQL), finds the first one's heartbeat stale, resets its
-orphaned task, and runs it again; the new try takes the lease over (same run id) and
-replays the stored plan. The second scheduler then stays the instance's scheduler until
-the end of the run (this module runs after the other users of the instance).
+has stored its plan, the scheduler and every process under it — the task and the batch's
+job process, a client of the warm Spark Connect server — are SIGKILLed: the crash of the
+scheduler's machine, the batch half done. A second scheduler, started next on the same
+PostgreSQL metadata DB (Airflow supports several on PostgreSQL), finds the first one's
+heartbeat stale, resets its orphaned task, and runs it again; the new try takes the lease
+over (same run id) and replays the stored plan. The second scheduler then stays the
+instance's scheduler until the end of the run (this module runs after the other users of
+the instance).
 """
 
 from __future__ import annotations

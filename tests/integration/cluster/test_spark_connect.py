@@ -10,8 +10,6 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pytest
 
-from microbatch.localstack.process import free_port_block
-from microbatch.localstack.spark_connect import SparkConnectServer
 from microbatch.runner import run_job
 from tests.integration.cluster.clickstream_runs import compare_with_reference
 
@@ -20,13 +18,9 @@ SMOKE_JOB = Path(__file__).resolve().parents[3] / "jobs" / "smoke.py"
 
 
 @pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
-    server = SparkConnectServer(
-        free_port_block([0]), tmp_path_factory.mktemp("connect"), "local[2]"
-    )
-    server.start()
-    yield server
-    server.stop()
+def connect_server(spark_connect):
+    """The run's Connect server (``tests/conftest.py``), shared with the e2e tests."""
+    return spark_connect
 
 
 def _rows(settings, run_id: str) -> list[dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from microbatch.cli import main
+from microbatch.cli import NOT_FOUND, main
 from microbatch.errors import ExitCode
 from tests.integration.runtime.test_batches import clicks, new_topic, produce
 
@@ -47,12 +47,16 @@ def test_cli_runs_batches_and_reports_status_checkpoints_and_state(spark, job, c
     assert main(["run", str(path), "--batches", "2", "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["batches"]
     assert [r["records_in"] for r in runs] == [20, 10]
+    assert all(r["watermark"] is None and r["watermark_iso"] is None for r in runs)  # no event time
 
     assert main(["status", str(path), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["checkpoint"] == 1
     assert {p["lag"] for p in status["partitions"]} == {0}
     assert sum(p["committed"] for p in status["partitions"]) == 30
+    assert isinstance(status["created_at"], int) and status["created_at_iso"].endswith("+00:00")
+    assert status["lease"]["released"] and not status["lease"]["held"]
+    assert status["stored_plan"] is None
 
     assert main(["checkpoints", str(path)]) == 0
     listing = capsys.readouterr().out
@@ -62,9 +66,16 @@ def test_cli_runs_batches_and_reports_status_checkpoints_and_state(spark, job, c
     state = json.loads(capsys.readouterr().out)["state"]
     assert state["total"] == sum(1 for i in range(30) if (i * 5) % 7 == 1)
 
+    assert main(["state", str(path), "nobody", "--json"]) == NOT_FOUND == 6
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["reason"] == "not_found" and "at checkpoint 1" in error["message"]
+
     assert main(["run", str(path), "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["batches"][0]
     assert plan["status"] == "dry_run" and plan["ranges"] == []
+    assert main(["status", str(path), "--json"]) == 0  # the dry run's plan, for the next run
+    stored = json.loads(capsys.readouterr().out)["stored_plan"]
+    assert (stored["batch_id"], stored["ranges"], stored["replayed_by_next_run"]) == (2, 0, True)
 
 
 def test_cli_names_a_bad_pipeline_reference_and_exits_with_the_config_code(

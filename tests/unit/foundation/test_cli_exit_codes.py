@@ -124,6 +124,7 @@ def test_exit_codes_and_reasons_are_distinct_and_stable():
         "LEASE_HELD": 3,
         "SERVICE_UNREACHABLE": 4,
         "DATA_LOSS": 5,
+        "NOT_FOUND": 6,
     }
     assert ExitCode.LEASE_HELD.reason == "lease_held"
     assert ExitCode.of_status(3) is ExitCode.LEASE_HELD

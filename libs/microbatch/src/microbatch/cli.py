@@ -12,11 +12,14 @@ A pipeline is named by reference: ``path/to/job.py`` or ``path/to/job.py:attr`` 
     microbatch replay jobs/clickstream.py --from-checkpoint 12
     microbatch unlock jobs/clickstream.py
 
-Every command prints a readable table, or JSON with ``--json``. An error prints one line
-naming what went wrong on stderr (with ``--json`` also ``{"error": {"reason", "message",
+Every command prints a readable table, or JSON with ``--json``; in JSON every time is
+epoch milliseconds with an ISO-8601 companion next to it (``watermark`` and
+``watermark_iso``: :mod:`microbatch.cli_inspect`). An error prints one line naming what
+went wrong on stderr (with ``--json`` also ``{"error": {"reason", "message",
 "exit_code"}}`` on stdout) and exits with the code of its cause
 (:class:`microbatch.errors.ExitCode`): 1 batch failed, 2 configuration, 3 lease held by
-another run, 4 service unreachable, 5 Kafka deleted records the batch must read.
+another run, 4 service unreachable, 5 Kafka deleted records the batch must read, 6 what
+``state`` was asked for does not exist (``not_found``).
 ``microbatch --version`` prints the library's version.
 """
 
@@ -33,6 +36,17 @@ import time
 from typing import Any, NoReturn
 
 from microbatch import __version__
+from microbatch.cli_inspect import (
+    checkpoint_store,
+    cmd_checkpoints,
+    cmd_state,
+    cmd_status,
+    fmt_ms,
+    print_checkpoints,
+    print_state,
+    print_status,
+    with_iso,
+)
 from microbatch.errors import ConfigError, ExitCode, MicrobatchError, exit_code
 
 
@@ -55,28 +69,6 @@ def parse_time_ms(text: str) -> int:
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.UTC)
     return int(t.timestamp() * 1000)
-
-
-def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A plain text table."""
-    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
-def _fmt_ms(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
-
-
-def _store(pipeline: Any, settings: Any) -> Any:
-    from microbatch.storage import open_store
-
-    return open_store(pipeline.checkpoints, settings)
 
 
 def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
@@ -111,7 +103,8 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     batch_metrics = metrics.BatchMetrics()
     results = []
     for n in range(args.batches):
-        _progress(args, f"batch {n + 1}/{args.batches} ...")
+        # The loop's count, worded apart from the batch id the result line names next.
+        _progress(args, f"run {n + 1} of {args.batches}: planning the next batch ...")
         try:
             batch = BatchRunner(spark, pipeline, settings).run(options)
         except Exception as e:
@@ -119,7 +112,7 @@ def cmd_run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             raise
         committed = batch.status == "committed" and batch_metrics.exporting
         batch_metrics.record(batch, _batch_stats(pipeline, settings, batch) if committed else None)
-        result = batch.to_json() | {"lineage": lineage}
+        result = with_iso(batch.to_json(), "watermark") | {"lineage": lineage}
         results.append(result)
         _progress(args, _run_line(result))
         if not args.json:  # for callers that parse the log (the Airflow operator)
@@ -132,7 +125,9 @@ def _batch_stats(pipeline: Any, settings: Any, batch: Any) -> Any:
     from microbatch.checkpoint import Layout, load_manifest
     from microbatch.runtime.records import BatchRecord
 
-    return BatchRecord.of(load_manifest(_store(pipeline, settings), Layout(), batch.batch_id)).stats
+    return BatchRecord.of(
+        load_manifest(checkpoint_store(pipeline, settings), Layout(), batch.batch_id)
+    ).stats
 
 
 def _run_line(r: dict[str, Any]) -> str:
@@ -147,7 +142,7 @@ def _run_line(r: dict[str, Any]) -> str:
         f"{r['records_in']} records in",
         f"{letters} dead letter{'' if letters == 1 else 's'}{why}",
         f"out {outputs}",
-        f"watermark {_fmt_ms(r.get('watermark'))}",
+        f"watermark {fmt_ms(r.get('watermark'))}",
         f"parallelism {r['parallelism']}",
     ]
     if r.get("replayed"):
@@ -167,89 +162,6 @@ def _progress(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def cmd_status(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    from microbatch.checkpoint import Layout, latest_manifest
-    from microbatch.kafka import KafkaBrokerView, partition_lag
-    from microbatch.runtime.records import BatchRecord
-
-    pipeline = load_pipeline(args.pipeline)
-    store = _store(pipeline, settings)
-    m = latest_manifest(store, Layout())
-    if m is None:
-        return {"pipeline": pipeline.name, "checkpoint": None, "checkpoints_url": store.url}
-    record = BatchRecord.of(m)
-    offsets = record.offsets
-    with KafkaBrokerView.for_settings(settings) as view:
-        end = view.end_offsets(list(offsets))
-    lag = partition_lag(end, offsets)
-    return {
-        "pipeline": pipeline.name,
-        "checkpoints_url": store.url,
-        "checkpoint": m.checkpoint_id,
-        "created_at": m.created_at,
-        "parallelism": m.parallelism,
-        "max_parallelism": m.max_parallelism,
-        "watermark": record.watermark,
-        "state_bytes": m.total_bytes,
-        "state_keys": m.total_keys,
-        "last_batch": {} if record.stats is None else record.stats.to_json(),
-        "partitions": [
-            {"partition": str(tp), "committed": offsets[tp], "end": end.get(tp), "lag": lag[tp]}
-            for tp in sorted(lag)
-        ],
-    }
-
-
-def _print_status(s: dict[str, Any]) -> None:
-    if s["checkpoint"] is None:
-        print(f"pipeline {s['pipeline']}: no checkpoint yet in {s['checkpoints_url']}")
-        return
-    stats = s["last_batch"]
-    print(
-        f"pipeline {s['pipeline']}: checkpoint {s['checkpoint']} at {s['created_at']}\n"
-        f"  parallelism {s['parallelism']} of max {s['max_parallelism']}, watermark "
-        f"{_fmt_ms(s['watermark'])}, state {s['state_keys']} keys / {s['state_bytes']} bytes\n"
-        f"  last batch: {stats.get('records_in', 0)} records in, outputs "
-        f"{stats.get('outputs', {})}, {stats.get('dead_letters', 0)} dead letters\n"
-    )
-    print(table(s["partitions"], ["partition", "committed", "end", "lag"]))
-
-
-def cmd_checkpoints(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    from microbatch.checkpoint import Layout, list_checkpoints, load_manifest
-    from microbatch.runtime.records import BatchRecord, BatchStats
-
-    pipeline = load_pipeline(args.pipeline)
-    store = _store(pipeline, settings)
-    rows = []
-    for cid in list_checkpoints(store, Layout()):
-        m = load_manifest(store, Layout(), cid)
-        record = BatchRecord.of(m)
-        stats = record.stats or BatchStats()
-        rows.append(
-            {
-                "checkpoint": cid,
-                "created_at": m.created_at,
-                "parallelism": m.parallelism,
-                "records_in": stats.records_in,
-                "dead_letters": stats.dead_letters,
-                "watermark": _fmt_ms(record.watermark),
-                "state_bytes": m.total_bytes,
-                "full": m.full_checkpoint_id == cid,
-            }
-        )
-    return {"pipeline": pipeline.name, "checkpoints": rows}
-
-
-def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    from microbatch.checkpoint import Layout, read_key_state
-
-    pipeline = load_pipeline(args.pipeline)
-    key: Any = int(args.key) if args.int_key else args.key
-    state = read_key_state(_store(pipeline, settings), Layout(), key, args.checkpoint)
-    return {"pipeline": pipeline.name, "key": key, "state": state}
-
-
 def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout, latest_manifest, reshard
     from microbatch.runtime import fence
@@ -257,7 +169,7 @@ def cmd_reshard(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.runtime.records import BatchRecord, ReshardOrigin
 
     pipeline = load_pipeline(args.pipeline)
-    store = _store(pipeline, settings)
+    store = checkpoint_store(pipeline, settings)
     owner = f"reshard-{time.time_ns()}"
     with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s) as held:
         m = latest_manifest(store, Layout())
@@ -306,7 +218,7 @@ def cmd_unlock(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     from microbatch.checkpoint import Layout
 
     pipeline = load_pipeline(args.pipeline)
-    store = _store(pipeline, settings)
+    store = checkpoint_store(pipeline, settings)
     held = store.exists(Layout().lease_key)
     store.delete(Layout().lease_key)
     return {"pipeline": pipeline.name, "released": held}
@@ -324,7 +236,7 @@ def cmd_optimize(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     sink = pipeline.sink(args.sink)
     if not isinstance(sink, DeltaSink):
         raise ConfigError(f"sink {sink.name!r} is a {type(sink).__name__}, not a DeltaSink")
-    store = _store(pipeline, settings)
+    store = checkpoint_store(pipeline, settings)
     owner = f"optimize-{time.time_ns()}"
     with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s) as held:
         newest = latest_manifest(store, Layout())
@@ -421,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(e, "microbatch", as_json="--json" in words)
     if argv is None:  # a real command line (not a caller's in-process use): log to stderr
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_kafka_slow_task_warnings()  # also for job files, which pass their own argv
     try:
         settings = Settings.from_env()
         out = COMMANDS[args.command](args, settings)
@@ -429,15 +342,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, indent=1, default=str))
     elif args.command == "status":
-        _print_status(out)
+        print_status(out)
     elif args.command == "checkpoints":
-        cols = ["checkpoint", "created_at", "parallelism", "records_in", "dead_letters"]
-        print(table(out["checkpoints"], [*cols, "watermark", "state_bytes", "full"]))
+        print_checkpoints(out)
+    elif args.command == "state":
+        print_state(out)
     elif args.command == "run":
         pass  # progress lines already said it all
     else:
         print(json.dumps(out, indent=1, default=str))
     return 0
+
+
+def quiet_kafka_slow_task_warnings() -> None:
+    """Keep kafka-python's "Task ... ran for 0.105s (>0.100s threshold). It is blocking the
+    event loop" warnings out of the command's output, unless the user set that logger's
+    level.
+
+    kafka-python 3 (``kafka/net/selector.py``) times every step of its clients' IO thread
+    and warns at 0.1 s. In a batch that thread shares the process with pandas, Arrow and
+    Spark client work holding the GIL (and a busy machine with the JVM), so a step runs
+    late through no fault of the client and nothing a user can act on. The threshold is a
+    setting of the selector only (``slow_task_threshold_secs``): KafkaConsumer, Producer
+    and Admin reject it as an unknown config, so the logger of that one module is raised to
+    ERROR instead; its errors (a crashed IO loop, a task that raised) still show.
+    """
+    selector = logging.getLogger("kafka.net.selector")
+    if selector.level == logging.NOTSET:
+        selector.setLevel(logging.ERROR)
 
 
 class UsageError(ConfigError):

@@ -15,7 +15,8 @@ so callers (the CLI, the Airflow operator) can catch one type and show its messa
     ├── ProcessError       the pipeline's keyed function raised
     ├── BatchError         a batch was refused (too many dead letters, ...)
     │   └── LeaseError     another run holds the pipeline's lease, or took it over
-    └── SinkError          Parquet / Kafka outputs
+    ├── SinkError          Parquet / Kafka outputs
+    └── NotFoundError      what a command was asked to show does not exist
 
 Messages name the thing involved (pipeline, checkpoint, topic/partition, key-group,
 bucket/key), show the offending value, and say what to do when there is something to do.
@@ -72,6 +73,11 @@ class SinkError(MicrobatchError):
     """A sink could not stage or publish its output."""
 
 
+class NotFoundError(MicrobatchError):
+    """What a command was asked to show does not exist (a key without state, a checkpoint
+    that is not retained): the command exits ``not_found``."""
+
+
 class ProcessError(MicrobatchError):
     """The pipeline's keyed process function raised (``on_process_error='fail'``)."""
 
@@ -107,6 +113,9 @@ class ExitCode(enum.IntEnum):
       refused or timed out). Retry.
     - 5 ``data_loss``: :class:`DataLossError`, Kafka deleted records the batch must read.
       Fail; a person decides (``microbatch run --replan``).
+    - 6 ``not_found``: :class:`NotFoundError`, what a command that looks things up was asked
+      to show does not exist (``state`` of a key without state, a checkpoint that is not
+      retained). Check the name; retrying cannot help. A batch never ends with it.
 
     Command-line usage errors exit 2, as argparse always has.
     """
@@ -117,6 +126,7 @@ class ExitCode(enum.IntEnum):
     LEASE_HELD = 3
     SERVICE_UNREACHABLE = 4
     DATA_LOSS = 5
+    NOT_FOUND = 6
 
     @property
     def reason(self) -> str:
@@ -160,6 +170,7 @@ def exit_code(error: BaseException) -> ExitCode:
     own = library_error_class(error)
     if own is not None:
         for cls, code in (
+            (NotFoundError, ExitCode.NOT_FOUND),
             (LeaseError, ExitCode.LEASE_HELD),
             (DataLossError, ExitCode.DATA_LOSS),
             (ConfigError, ExitCode.CONFIG_ERROR),

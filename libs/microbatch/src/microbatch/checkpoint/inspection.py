@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from microbatch.checkpoint.catalog import latest_manifest, load_manifest
@@ -10,7 +12,14 @@ from microbatch.checkpoint.manifest import Manifest
 from microbatch.checkpoint.restore import restore_groups
 from microbatch.checkpoint.runstate import Loaded, instance_runs, load_keys
 from microbatch.errors import CheckpointError
-from microbatch.keygroups import Key, KeyGroupRange, encode_key, key_group, key_group_range
+from microbatch.keygroups import (
+    Key,
+    KeyGroupRange,
+    encode_key,
+    key_group,
+    key_group_range,
+    operator_index,
+)
 from microbatch.state.backend import KeyedStateBackend
 from microbatch.state.blockcache import BlockCache
 from microbatch.storage import ObjectStore
@@ -123,6 +132,48 @@ def read_key_state(
     blocks that may hold the key, newest run first. Expired TTL entries are included,
     since "expired" depends on the reader's clock.
     """
+    return dict(inspect_key(store, layout, key, checkpoint_id).state)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyState:
+    """One key's state in one checkpoint, and where it is kept: what ``microbatch state``
+    shows, and what it names when the key has none."""
+
+    key: Key
+    checkpoint_id: int
+    key_group: int
+    max_parallelism: int
+    parallelism: int
+    #: What :func:`read_key_state` returns: state name → value, of every operator, and
+    #: ``"timers"`` (epoch ms) if the key has any.
+    state: Mapping[str, Any]
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The key's states, without its timers."""
+        return {name: v for name, v in self.state.items() if name != "timers"}
+
+    @property
+    def timers(self) -> list[int]:
+        """The key's timers, epoch ms."""
+        return list(self.state.get("timers", ()))
+
+    @property
+    def instance(self) -> int:
+        """The operator instance that owns the key's key-group at the checkpoint's
+        parallelism."""
+        return operator_index(self.key_group, self.max_parallelism, self.parallelism)
+
+    @property
+    def empty(self) -> bool:
+        return not self.state
+
+
+def inspect_key(
+    store: ObjectStore, layout: Layout, key: Key, checkpoint_id: int | None = None
+) -> KeyState:
+    """:func:`read_key_state` with the checkpoint and key-group it read (see there)."""
     if checkpoint_id is None:
         manifest = latest_manifest(store, layout)
         if manifest is None:
@@ -137,4 +188,11 @@ def read_key_state(
     else:
         runs = instance_runs(manifest, own)
         load_keys(BlockCache(store), runs, backend, [encode_key(key)], Loaded())
-    return backend.describe_key(key, include_expired=True)
+    return KeyState(
+        key=key,
+        checkpoint_id=manifest.checkpoint_id,
+        key_group=kg,
+        max_parallelism=manifest.max_parallelism,
+        parallelism=manifest.parallelism,
+        state=backend.describe_key(key, include_expired=True),
+    )

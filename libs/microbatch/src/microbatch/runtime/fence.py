@@ -74,6 +74,11 @@ class LeaseState:
             released=bool(body.get("released", False)),
         )
 
+    def has_expired(self, now_ms: int) -> bool:
+        """Has the holder stopped renewing for longer than its timeout at ``now_ms``? Then
+        the next run takes the lease over (the rule :meth:`Lease.acquire` applies)."""
+        return self.expires_ms < now_ms
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -226,6 +231,15 @@ class Lease:
             except PreconditionFailedError:
                 log.warning("pipeline %s: the lease was taken over before release", self.pipeline)
             self.state = None
+
+
+def read_lease(store: ObjectStore) -> LeaseState | None:
+    """The lease as stored, None if no run ever took it (or `microbatch unlock` removed
+    it): for showing who holds a pipeline. Read-only; taking it is :meth:`Lease.acquire`."""
+    try:
+        return LeaseState.from_bytes(store.get(LEASE_KEY))
+    except ObjectNotFoundError:
+        return None
 
 
 def acquire(store: ObjectStore, pipeline: str, owner: str, timeout_s: float) -> Lease:
