@@ -213,6 +213,6 @@ def chrome(tmp_path_factory):
 
 def screenshot(chrome, tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.png"
-    assert chrome.savescreenshot(str(path)), f"no screenshot written to {path}"
+    assert chrome.save_screenshot(str(path)), f"no screenshot written to {path}"
     print(f"screenshot: {path}")
     return path
