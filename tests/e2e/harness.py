@@ -19,6 +19,32 @@ from typing import Any
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[2]
+#: The start of a script that serves Airflow's API app in-process (``TestClient``): DAGs
+#: parsed and synced to the database like the DAG processor does, every asset's id in
+#: ``ids`` (by URI), and ``errors`` holding the import errors.
+API_APP_PRELUDE = """
+import json
+from sqlalchemy import select
+from airflow.api_fastapi.app import create_app, get_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.dag_processing.bundles.manager import DagBundlesManager
+from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.utils.session import create_session
+from fastapi.testclient import TestClient
+
+manager = DagBundlesManager()
+with create_session() as session:
+    manager.sync_bundles_to_db(session=session)
+errors = {}
+for bundle in manager.get_all_dag_bundles():
+    bundle.initialize()
+    bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
+    errors |= bag.import_errors
+    sync_bag_to_db(bag, bundle.name, bundle.version)
+with create_session() as session:
+    ids = {uri: i for i, uri in session.execute(select(AssetModel.id, AssetModel.uri))}
+"""
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -10,34 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import run_airflow_script
+from tests.e2e.harness import API_APP_PRELUDE, run_airflow_script
 from tests.unit.plugin.test_ui import write_batches
 
 pytestmark = pytest.mark.e2e
 
-PAGE = """
-import json
-from sqlalchemy import select
-from airflow.api_fastapi.app import create_app, get_auth_manager
-from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-from airflow.dag_processing.bundles.manager import DagBundlesManager
-from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
-from airflow.models.asset import AssetEvent, AssetModel
-from airflow.utils.session import create_session
-from fastapi.testclient import TestClient
-
-manager = DagBundlesManager()
-with create_session() as session:
-    manager.sync_bundles_to_db(session=session)
-errors = {}
-for bundle in manager.get_all_dag_bundles():
-    bundle.initialize()
-    bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
-    errors |= bag.import_errors
-    sync_bag_to_db(bag, bundle.name, bundle.version)
-with create_session() as session:
-    ids = {uri: i for i, uri in session.execute(select(AssetModel.id, AssetModel.uri))}
-    # What the batch task records with a committed batch (asset_event_extra).
+PAGE = (
+    API_APP_PRELUDE
+    + """    # What the batch task records with a committed batch (asset_event_extra).
     session.add(AssetEvent(asset_id=ids["microbatch://exploding/"],
                            extra={"pipeline": "exploding", "batch_id": 1,
                                   "checkpoints": __CHECKPOINTS__, "topics": ["clicks-ui"]}))
@@ -51,6 +31,7 @@ print("RESULT " + json.dumps({"errors": errors, "assets": sorted(ids),
                               "page": [page.status_code, page.text],
                               "views": [views.status_code, views.json()]}))
 """
+)
 
 JOB = """
 from pathlib import Path

@@ -14,6 +14,10 @@ it. It reads what Airflow already stores about each pipeline instead:
    ``name=checkpoint_url`` pairs, comma-separated, for pipelines Airflow does not run or
    whose first batch has not committed; an entry overrides what the events say.
 
+A DAG's pipelines (its tab, ``destination: "dag"``) are the ``microbatch://`` assets its
+tasks produce (Airflow's ``TaskOutletAssetReference``: ``microbatch_dag``'s batch task has
+the pipeline's asset as outlet), so the tab never guesses from the DAG id.
+
 From the checkpoint location the page reads the stored facts with the library's
 checkpoint functions (:mod:`microbatch_airflow.ui.data`).
 """
@@ -38,17 +42,29 @@ class PipelineRef:
     error: str | None = None
 
 
+def pipeline_of_uri(uri: str) -> str | None:
+    """The pipeline of its asset ``microbatch://<pipeline>`` (Airflow stores it with a
+    trailing ``/``); None for any other URI, including a pipeline's other assets such as
+    ``microbatch://<pipeline>/new-records`` (the event-driven DAG's watched asset), whose
+    events do not record checkpoints."""
+    prefix = f"{ASSET_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    name = uri[len(prefix) :].rstrip("/")
+    return name if name and "/" not in name else None
+
+
 def refs_from_events(events: Iterable[tuple[str, Mapping[str, Any] | None]]) -> list[PipelineRef]:
     """``(asset uri, newest event extra or None)`` pairs → one ref per pipeline asset."""
     refs = []
-    prefix = f"{ASSET_SCHEME}://"
     for uri, extra in events:
-        if not uri.startswith(prefix):
+        from_uri = pipeline_of_uri(uri)
+        if from_uri is None:
             continue
         extra = extra or {}
         refs.append(
             PipelineRef(
-                name=extra.get("pipeline") or uri[len(prefix) :].strip("/"),
+                name=extra.get("pipeline") or from_uri,
                 checkpoints=extra.get("checkpoints") or None,
                 topics=tuple(extra.get("topics") or ()),
             )
@@ -90,19 +106,26 @@ def merge(
     return [by_name[name] for name in sorted(by_name)]
 
 
-def asset_events() -> list[tuple[str, Mapping[str, Any] | None]]:
-    """Each active ``microbatch://`` asset with its newest event's ``extra`` (Airflow's
-    metadata database; the API server's own session)."""
-    from airflow.models.asset import AssetEvent, AssetModel
+def asset_events(dag_id: str | None = None) -> list[tuple[str, Mapping[str, Any] | None]]:
+    """Each active ``microbatch://`` asset (only those a task of ``dag_id`` produces, when
+    given) with its newest event's ``extra`` (Airflow's metadata database; the API
+    server's own session)."""
+    from airflow.models.asset import AssetEvent, AssetModel, TaskOutletAssetReference
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
+    query = (
+        select(AssetModel.id, AssetModel.uri)
+        .where(AssetModel.uri.like(f"{ASSET_SCHEME}://%"), AssetModel.active.has())
+        .order_by(AssetModel.uri)
+    )
+    if dag_id is not None:
+        produced = select(TaskOutletAssetReference.asset_id).where(
+            TaskOutletAssetReference.dag_id == dag_id
+        )
+        query = query.where(AssetModel.id.in_(produced))
     with create_session() as session:
-        assets = session.execute(
-            select(AssetModel.id, AssetModel.uri)
-            .where(AssetModel.uri.like(f"{ASSET_SCHEME}://%"), AssetModel.active.has())
-            .order_by(AssetModel.uri)
-        ).all()
+        assets = session.execute(query).all()
         out = []
         for asset_id, uri in assets:
             extra = session.scalar(
@@ -122,3 +145,18 @@ def configured_pipelines() -> list[PipelineRef]:
 
     raw = conf.get("microbatch", "pipelines", fallback="") or ""
     return merge(refs_from_events(asset_events()), refs_from_config(raw))
+
+
+def dag_pipelines(dag_id: str) -> list[str] | None:
+    """The pipelines DAG ``dag_id`` runs: those whose asset one of its tasks produces,
+    named as on the page (the newest event's ``pipeline``, else the asset URI). None when
+    Airflow knows no such DAG."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        known = session.scalar(select(DagModel.dag_id).where(DagModel.dag_id == dag_id))
+    if known is None:
+        return None
+    return sorted({ref.name for ref in refs_from_events(asset_events(dag_id))})

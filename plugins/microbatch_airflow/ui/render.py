@@ -1,10 +1,16 @@
-"""One self-contained HTML page: tables and inline SVG, every value escaped."""
+"""Self-contained HTML pages: tables and inline SVG, every value escaped.
+
+Links between the pages are relative (``root`` leads from a page back to the app's root):
+the app is mounted under Airflow's base URL, which the page does not know, and the same
+pages show at ``/microbatch/...`` and inside Airflow's frame.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 MAX_BARS = 256
 CHART_W, CHART_H = 760, 140
@@ -29,8 +35,12 @@ h1{font-size:20px}h2{font-size:17px;margin:28px 0 6px}h3{font-size:14px;margin:1
 table{border-collapse:collapse;margin:4px 0 10px}td,th{padding:3px 10px;border-bottom:1px
 solid #dde3ea;text-align:right}th{background:#f1f5f9}td:first-child,th:first-child{text-align:left}
 .muted{color:#66727f}.error{color:#a4262c}.lag{font-weight:600}svg{background:#fafcfe;
-border:1px solid #dde3ea}
+border:1px solid #dde3ea}a{color:#2b7bb9}.facts th,.facts td{text-align:left}
+.facts th{background:none}
 """
+
+Link = Callable[[Mapping[str, Any]], str]
+"""A row → the (relative) URL its cell links to."""
 
 
 def human_bytes(n: int) -> str:
@@ -42,18 +52,36 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+def checkpoint_href(root: str, pipeline: str, checkpoint_id: int) -> str:
+    """The drill-down page of a checkpoint, relative to a page whose root is ``root``."""
+    return f"{root}pipelines/{quote(pipeline, safe='')}/checkpoints/{int(checkpoint_id)}"
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    links: Mapping[str, Link] | None = None,
+) -> str:
+    """Rows under titled columns; a column in ``links`` links each cell."""
     if not rows:
         return '<p class="muted">none</p>'
     head = "".join(f"<th>{escape(title)}</th>" for _, title in columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{escape(_cell(r.get(key)))}</td>" for key, _ in columns) + "</tr>"
+        "<tr>" + "".join(_td(r, key, (links or {}).get(key)) for key, _ in columns) + "</tr>"
         for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _cell(value: Any) -> str:
+def _td(row: Mapping[str, Any], key: str, link: Link | None) -> str:
+    text = escape(cell(row.get(key)))
+    if link is None:
+        return f"<td>{text}</td>"
+    return f'<td><a href="{escape(link(row))}">{text}</a></td>'
+
+
+def cell(value: Any) -> str:
+    """A value as table text: ``-`` for None, ``yes``/empty for booleans."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -107,7 +135,9 @@ def key_group_chart(key_groups: Sequence[Mapping[str, Any]], parallelism: int) -
     return "".join(parts)
 
 
-def pipeline_section(view: Mapping[str, Any]) -> str:
+def pipeline_section(view: Mapping[str, Any], root: str = "") -> str:
+    """One pipeline: its latest checkpoint, lag, checkpoints (each linking to its
+    drill-down page), timings and state size per key-group."""
     name = escape(view["name"])
     out = [f'<h2 id="{name}">{name}</h2>']
     out.append(
@@ -129,26 +159,54 @@ def pipeline_section(view: Mapping[str, Any]) -> str:
         f'<span class="lag">{total_lag}</span></p>'
     )
     out.append("<h3>Lag per partition</h3>")
-    out.append(_table(view["partitions"], PARTITION_COLUMNS))
+    out.append(table(view["partitions"], PARTITION_COLUMNS))
     out.append("<h3>Checkpoints</h3>")
-    out.append(_table(view["checkpoints"], CHECKPOINT_COLUMNS))
+
+    def to_checkpoint(row: Mapping[str, Any]) -> str:
+        return checkpoint_href(root, view["name"], row["id"])
+
+    out.append(table(view["checkpoints"], CHECKPOINT_COLUMNS, {"id": to_checkpoint}))
     out.append("<h3>Recent batch timings</h3>")
-    out.append(_table(view["timings"], TIMING_COLUMNS))
+    out.append(table(view["timings"], TIMING_COLUMNS))
     out.append(f"<h3>State size per key-group (checkpoint {latest['id']})</h3>")
     out.append(key_group_chart(view["key_groups"], latest["parallelism"]))
     return "\n".join(out)
 
 
+def document(title: str, heading: str, body: str, user: str | None = None) -> str:
+    """The HTML shell every page shares (``heading`` is HTML: callers escape it)."""
+    who = f' <span class="muted">signed in as {escape(user)}</span>' if user else ""
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{heading}{who}</h1>{body}</body></html>"
+    )
+
+
 def page(views: Iterable[Mapping[str, Any]], user: str | None = None) -> str:
+    """Every pipeline (the nav view, ``/microbatch/``)."""
     views = list(views)
     nav = " · ".join(f'<a href="#{escape(v["name"])}">{escape(v["name"])}</a>' for v in views)
-    who = f' <span class="muted">signed in as {escape(user)}</span>' if user else ""
     sections = "\n".join(pipeline_section(v) for v in views) or (
         '<p class="muted">no pipelines yet: declare a DAG with microbatch_dag(), '
         "or set [microbatch] pipelines</p>"
     )
-    return (
-        '<!doctype html><html><head><meta charset="utf-8"><title>Microbatch</title>'
-        f"<style>{STYLE}</style></head><body><h1>Microbatch pipelines{who}</h1>"
-        f"<p>{nav}</p>{sections}</body></html>"
+    return document("Microbatch", "Microbatch pipelines", f"<p>{nav}</p>{sections}", user)
+
+
+def dag_page(dag_id: str, views: Sequence[Mapping[str, Any]], user: str | None = None) -> str:
+    """The pipelines DAG ``dag_id`` runs (its tab, ``/microbatch/dags/<dag_id>``)."""
+    root = "../"
+    sections = "\n".join(pipeline_section(v, root) for v in views) or (
+        f'<p class="muted">DAG {escape(dag_id)} runs no microbatch pipeline: none of its '
+        f"tasks produces a {escape('microbatch://<pipeline>')} asset (the batch task of a "
+        "DAG declared with microbatch_dag() does).</p>"
     )
+    body = f'<p><a href="{root}">all pipelines</a></p>{sections}'
+    return document(f"Microbatch · {dag_id}", f"Microbatch · DAG {escape(dag_id)}", body, user)
+
+
+def error_page(message: str, root: str, user: str | None = None) -> str:
+    """What a page could not show, and the way back."""
+    back = f'<a href="{escape(root)}">all pipelines</a>'
+    body = f'<p class="error">{escape(message)}</p><p>{back}</p>'
+    return document("Microbatch", "Microbatch", body, user)

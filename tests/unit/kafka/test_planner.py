@@ -356,3 +356,16 @@ def test_plan_store_other_pipeline_on_same_prefix_fails(tmp_path, broker):
     store.save(plan(broker))
     with pytest.raises(SourceError, match="belongs to pipeline 'clicks', not 'orders'"):
         store.save(plan(broker, pipeline="orders"))
+
+
+def test_an_unreachable_cluster_fails_within_the_views_timeout_naming_it():
+    import time
+
+    from microbatch.errors import SourceError
+    from microbatch.kafka import KafkaBrokerView
+
+    started = time.monotonic()
+    with pytest.raises(SourceError, match=r"cannot connect to Kafka at 127\.0\.0\.1:1"):
+        KafkaBrokerView("127.0.0.1:1", timeout_s=1.0)
+
+    assert time.monotonic() - started < 10  # not kafka-python's own 30 s

@@ -186,6 +186,9 @@ class KafkaBrokerView:
                     "enable_auto_commit": False,
                     "isolation_level": "read_committed",
                     "request_timeout_ms": max(self.timeout_ms, 1000),
+                    # kafka-python waits 30 s for its first broker by default, whatever
+                    # the caller's timeout: an unreachable cluster must fail within it.
+                    "bootstrap_timeout_ms": max(self.timeout_ms, 1000),
                 }
             )
         except Exception as exc:
