@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from microbatch.cli import NOT_FOUND, main
+from microbatch.cli import main
 from microbatch.errors import ExitCode
 from tests.integration.runtime.test_batches import clicks, new_topic, produce
 
@@ -66,7 +66,7 @@ def test_cli_runs_batches_and_reports_status_checkpoints_and_state(spark, job, c
     state = json.loads(capsys.readouterr().out)["state"]
     assert state["total"] == sum(1 for i in range(30) if (i * 5) % 7 == 1)
 
-    assert main(["state", str(path), "nobody", "--json"]) == NOT_FOUND == 6
+    assert main(["state", str(path), "nobody", "--json"]) == ExitCode.NOT_FOUND == 6
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["reason"] == "not_found" and "at checkpoint 1" in error["message"]
 
