@@ -55,7 +55,9 @@ def pipeline_of_uri(uri: str) -> str | None:
 
 
 def refs_from_events(events: Iterable[tuple[str, Mapping[str, Any] | None]]) -> list[PipelineRef]:
-    """``(asset uri, newest event extra or None)`` pairs → one ref per pipeline asset."""
+    """``(asset uri, newest event extra or None)`` pairs → one ref per pipeline asset,
+    named by its asset (what its DAG declared), not by the job's own pipeline name: two
+    DAGs may run one job file on different namespaces, each with its own checkpoints."""
     refs = []
     for uri, extra in events:
         from_uri = pipeline_of_uri(uri)
@@ -64,7 +66,7 @@ def refs_from_events(events: Iterable[tuple[str, Mapping[str, Any] | None]]) -> 
         extra = extra or {}
         refs.append(
             PipelineRef(
-                name=extra.get("pipeline") or from_uri,
+                name=from_uri,
                 checkpoints=extra.get("checkpoints") or None,
                 topics=tuple(extra.get("topics") or ()),
             )

@@ -134,6 +134,22 @@ def test_a_pipeline_without_a_committed_batch_is_listed_without_facts():
     assert '<h2 id="fresh">fresh</h2>' in html and "no committed batch yet" in html
 
 
+def test_two_dags_running_one_job_on_two_namespaces_are_two_pipelines_named_by_asset():
+    # Both jobs name their Pipeline "clickstream"; each DAG declared its own asset.
+    events = [
+        ("microbatch://clickstream/", {"pipeline": "clickstream", "checkpoints": "s3://b/main"}),
+        ("microbatch://clickstream_live/", {"pipeline": "clickstream",
+                                            "checkpoints": "s3://b/live"}),
+    ]  # fmt: skip
+
+    refs = merge(refs_from_events(events), [])
+
+    assert [(r.name, r.checkpoints) for r in refs] == [
+        ("clickstream", "s3://b/main"),
+        ("clickstream_live", "s3://b/live"),
+    ]
+
+
 def test_refs_come_from_asset_events_and_a_configured_location_wins(ref, tmp_path):
     events = [
         ("microbatch://clickstream", {"pipeline": "clickstream", "checkpoints": "s3://b/old",
