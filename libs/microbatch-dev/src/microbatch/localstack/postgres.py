@@ -25,7 +25,7 @@ import subprocess
 from pathlib import Path
 
 from microbatch.errors import ServiceError
-from microbatch.localstack.process import ServiceProcess, pid_alive, port_is_free
+from microbatch.localstack.process import ServiceProcess, pid_alive, port_is_free, run_as
 
 #: The stack's database user and password (like SeaweedFS's local keys: loopback only).
 LOCAL_USER = "microbatch"
@@ -245,8 +245,7 @@ class PostgresServer:
                      f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8",
                      "--locale=C", "--no-instructions"],
                     stdout=out, stderr=subprocess.STDOUT, check=False, cwd=self.workdir,
-                    **({"user": account, "group": pwd.getpwnam(account).pw_gid,
-                        "extra_groups": []} if account else {}),
+                    **run_as(account),
                 )  # fmt: skip
         finally:
             pwfile.unlink(missing_ok=True)

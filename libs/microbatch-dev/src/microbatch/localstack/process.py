@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from microbatch.errors import ServiceError
 
@@ -108,9 +109,8 @@ class ServiceProcess:
                     env=env,
                     cwd=self.workdir,
                     start_new_session=True,
-                    **({"user": user, "group": _primary_group(user), "extra_groups": []}
-                       if user else {}),
-                )  # fmt: skip
+                    **run_as(user),
+                )
             except FileNotFoundError as exc:
                 raise ServiceError(
                     f"{self.name}: cannot run {argv[0]!r} ({exc.strerror}). {hint}"
@@ -153,10 +153,14 @@ class ServiceProcess:
         return True
 
 
-def _primary_group(user: str) -> int:
+def run_as(user: str | None) -> dict[str, Any]:
+    """``subprocess`` keyword arguments that run a child as ``user`` with that account's
+    own group and no other (we must be root); none for ``None``."""
+    if user is None:
+        return {}
     import pwd
 
-    return pwd.getpwnam(user).pw_gid
+    return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
 
 
 def _reap(pid: int) -> bool:
