@@ -292,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("key")
     st.add_argument("--int-key", action="store_true", help="the key is an int")
     st.add_argument("--checkpoint", type=int, help="default: the latest")
+    st.add_argument("--step", help="a dataflow's keyed step (its uid); default: the first")
     rs = add("reshard", "rewrite the latest checkpoint for a new max_parallelism")
     rs.add_argument("--max-parallelism", type=int, help="default: the pipeline's")
     rp = add("replay", "roll back to a checkpoint: the next batches read again after it")

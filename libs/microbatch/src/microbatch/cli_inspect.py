@@ -322,7 +322,13 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             f"are {retained[0]}..{retained[-1]} (`microbatch checkpoints {args.pipeline}`)"
         )
     checkpoint = retained[-1] if args.checkpoint is None else args.checkpoint
-    found = inspect_key(store, Layout(), key, checkpoint)
+    step = getattr(args, "step", None)
+    if step is not None and step not in pipeline.keyed_uids:
+        uids = ", ".join(repr(u) for u in pipeline.keyed_uids if u)
+        raise NotFoundError(f"{where} has no keyed step {step!r} (its steps: {uids or 'none'})")
+    if step == pipeline.uid:
+        step = None
+    found = inspect_key(store, Layout(), key, checkpoint, step)
     if found.empty:
         hint = (
             " (an int key? pass --int-key)"
@@ -330,7 +336,8 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             else ""
         )
         raise NotFoundError(
-            f"{where}: key {key!r} has no state and no timers in any operator at checkpoint "
+            f"{where}: key {key!r} has no state and no timers in "
+            f"{'the first keyed step' if step is None else f'step {step!r}'} at checkpoint "
             f"{found.checkpoint_id} ({store.url}); it would be in key-group {found.key_group} "
             f"of {found.max_parallelism} (instance {found.instance} of {found.parallelism}). "
             f"Check the key's spelling and type{hint}, or look at an older checkpoint with "
@@ -342,6 +349,7 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             "key": key,
             "checkpoint": found.checkpoint_id,
             "key_group": found.key_group,
+            "step": step or pipeline.uid,
             "state": found.values,
             "timers": found.timers,
         },

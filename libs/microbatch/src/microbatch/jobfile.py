@@ -44,11 +44,14 @@ def load_pipeline(
 
     ``env`` defaults to ``os.environ``, ``settings`` to ``Settings.from_env(env)``.
     """
+    from microbatch.dataflow import Dataflow
     from microbatch.runtime import Pipeline
 
     target, _, attr = ref.partition(":")
     attr = attr or DEFAULT_ATTRIBUTE
     obj = getattr(_import(target), attr, None)
+    if isinstance(obj, Dataflow):
+        obj = obj.build()
     if callable(obj) and not isinstance(obj, Pipeline):
         env = os.environ if env is None else env
         obj = _build(obj, Settings.from_env(env) if settings is None else settings, env)

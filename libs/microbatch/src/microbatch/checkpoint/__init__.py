@@ -4,7 +4,7 @@ from microbatch.checkpoint.catalog import latest_manifest, list_checkpoints, loa
 from microbatch.checkpoint.gc import GcResult, collect_garbage
 from microbatch.checkpoint.inspection import describe_checkpoint, format_description, read_key_state
 from microbatch.checkpoint.layout import Layout
-from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest
+from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest, OperatorState
 from microbatch.checkpoint.reshard import ReshardResult, reshard
 from microbatch.checkpoint.restore import RestoreStats, empty_backends, restore_instance
 from microbatch.checkpoint.writer import (
@@ -22,6 +22,7 @@ __all__ = [
     "KeyGroupEntry",
     "Layout",
     "Manifest",
+    "OperatorState",
     "ReshardResult",
     "RestoreStats",
     "build_manifest",

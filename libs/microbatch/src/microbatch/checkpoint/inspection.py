@@ -40,6 +40,15 @@ def describe_checkpoint(store: ObjectStore, layout: Layout, checkpoint_id: int) 
         "total_keys": m.total_keys,
         "files": len(m.files()),
         **body,
+        "steps": {
+            uid: {
+                "keys": sum(op.key_counts),
+                "bytes": sum({r.data: r.bytes for r in op.runs}.values()),
+                "runs": len(op.runs),
+                "process": op.process,
+            }
+            for uid, op in m.operators.items()
+        },
         "metadata": dict(m.metadata),
     }
 
@@ -120,6 +129,10 @@ def format_description(desc: dict[str, Any]) -> str:
         f"{i['index']:>8} {i['key_groups']:>12} {i['keys']:>10} {i['bytes']:>12}"
         for i in desc["instances"]
     ]
+    lines += [
+        f"step {uid}: {s['keys']} keys, {s['bytes']} bytes in {s['runs']} runs ({s['process']})"
+        for uid, s in desc.get("steps", {}).items()
+    ]
     return "\n".join(lines)
 
 
@@ -171,15 +184,23 @@ class KeyState:
 
 
 def inspect_key(
-    store: ObjectStore, layout: Layout, key: Key, checkpoint_id: int | None = None
+    store: ObjectStore,
+    layout: Layout,
+    key: Key,
+    checkpoint_id: int | None = None,
+    step: str | None = None,
 ) -> KeyState:
-    """:func:`read_key_state` with the checkpoint and key-group it read (see there)."""
+    """:func:`read_key_state` with the checkpoint and key-group it read (see there);
+    ``step``: the uid of a dataflow's further keyed step whose state to read (default:
+    the first step's)."""
     if checkpoint_id is None:
         manifest = latest_manifest(store, layout)
         if manifest is None:
             raise CheckpointError(f"no committed checkpoint under {store.url}/{layout.prefix}")
     else:
         manifest = load_manifest(store, layout, checkpoint_id)
+    if step is not None and step != manifest.first_uid:
+        manifest = manifest.for_operator(step)
     kg = key_group(key, manifest.max_parallelism)
     own = KeyGroupRange(kg, kg)
     backend = KeyedStateBackend(manifest.max_parallelism, own)

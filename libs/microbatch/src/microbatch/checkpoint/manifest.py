@@ -15,6 +15,12 @@ layouts:
   row and key counts — or to ``null`` when it has no state. Entries of unchanged
   key-groups point at files of earlier checkpoints.
 
+A dataflow with several keyed steps keeps the state of its first keyed step in ``runs``
+and ``key_counts`` (so a single-operator checkpoint *is* the state of that step), and
+every further step's in ``operators``: its uid → :class:`OperatorState` (its own runs and
+key counts, the same rules). Absent when empty, so single-operator manifests read back
+byte for byte.
+
 ``metadata`` is a JSON object reserved for the other parts of a micro-batch (source
 offsets, pending async elements, watermark, sink transactions, stats); this module
 stores it and never interprets it.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from microbatch.checkpoint.layout import check_checkpoint_id
@@ -61,6 +67,29 @@ class KeyGroupEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class OperatorState:
+    """The state of one further keyed step of a dataflow: its runs (newest first per
+    key-group, as the manifest's own) and its keys per key-group."""
+
+    runs: tuple[RunRef, ...]
+    key_counts: tuple[int, ...]
+    #: The class of the step's function (``module.QualName``): state is read by it only.
+    process: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs": [r.to_json() for r in self.runs],
+            "key_counts": list(self.key_counts),
+            "process": self.process,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> OperatorState:
+        runs = tuple(RunRef.from_json(r) for r in body["runs"])
+        return cls(runs, tuple(body["key_counts"]), str(body.get("process", "")))
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """A committed (or about to be committed) checkpoint; validates on construction."""
 
@@ -77,10 +106,22 @@ class Manifest:
     #: Keys with state per key-group (sorted runs only).
     key_counts: tuple[int, ...] | None = None
     format_version: int = KEY_GROUP_FILES
+    #: The further keyed steps' state, by uid (see the module docstring).
+    operators: Mapping[str, OperatorState] = dataclasses.field(default_factory=dict)
+    #: The uid of the keyed step whose state ``runs`` is (None: not named, as in a
+    #: single-operator pipeline without uid).
+    first_uid: str | None = None
 
     def __post_init__(self) -> None:
         version = KEY_GROUP_FILES if self.runs is None else SORTED_RUNS
         object.__setattr__(self, "format_version", version)
+        object.__setattr__(self, "operators", dict(self.operators))
+        for uid, op in self.operators.items():
+            if self.runs is None or len(op.key_counts) != self.max_parallelism:
+                raise CheckpointError(
+                    f"checkpoint {self.checkpoint_id}: the state of step {uid!r} must be "
+                    f"sorted runs with one key count per key-group ({self.max_parallelism})"
+                )
         if self.runs is not None:
             if any(e is not None for e in self.key_groups):
                 raise CheckpointError(
@@ -110,10 +151,22 @@ class Manifest:
         return self.runs is not None
 
     def files(self) -> set[str]:
-        """Every state object this manifest references."""
+        """Every state object this manifest references (every step's)."""
         if self.runs is not None:
-            return {k for r in self.runs for k in (r.data, r.index)}
+            runs = [*self.runs, *(r for op in self.operators.values() for r in op.runs)]
+            return {k for r in runs for k in (r.data, r.index)}
         return {e.file for e in self.key_groups if e is not None}
+
+    def without_steps(self, uids: Collection[str]) -> Manifest:
+        """This checkpoint minus the state of further steps ``uids`` (dropped on purpose)."""
+        kept = {u: op for u, op in self.operators.items() if u not in uids}
+        return dataclasses.replace(self, operators=kept)
+
+    def for_operator(self, uid: str) -> Manifest:
+        """This checkpoint as the one step ``uid`` sees it: that step's runs and key
+        counts in place of the first step's (empty if the step has no state yet)."""
+        op = self.operators.get(uid, OperatorState((), (0,) * self.max_parallelism))
+        return dataclasses.replace(self, runs=op.runs, key_counts=op.key_counts, operators={})
 
     @property
     def total_bytes(self) -> int:
@@ -163,6 +216,11 @@ class Manifest:
             entries = tuple(
                 None if e is None else KeyGroupEntry(**e) for e in body.pop("key_groups")
             )
+            operators = body.pop("operators", None)
+            if operators is not None:
+                body["operators"] = {
+                    uid: OperatorState.from_json(op) for uid, op in operators.items()
+                }
             runs = body.pop("runs", None)
             if runs is not None:
                 body["runs"] = tuple(RunRef.from_json(r) for r in runs)
@@ -180,6 +238,12 @@ def _body(m: Manifest) -> dict[str, Any]:
     else:
         body["runs"] = [r.to_json() for r in m.runs]
         body["key_counts"] = list(m.key_counts or ())
+    if m.operators:
+        body["operators"] = {uid: op.to_json() for uid, op in m.operators.items()}
+    else:
+        del body["operators"]
+    if m.first_uid is None:
+        del body["first_uid"]
     return body
 
 

@@ -97,6 +97,13 @@ def reshard(
     reshard's copy); by default the source's, with ``resharded_from`` added."""
     check_max_parallelism(new_max_parallelism)
     source = load_manifest(store, layout, source_id)
+    if source.operators:
+        raise CheckpointError(
+            f"reshard of checkpoint {source_id}: it holds the state of several keyed steps "
+            f"(the first, and {', '.join(map(repr, sorted(source.operators)))}); resharding "
+            "a dataflow with more than one keyed step is not supported yet. Keep "
+            f"max_parallelism={source.max_parallelism}; rescale with parallelism instead."
+        )
     target_id = source_id + 1 if target_id is None else target_id
     parallelism = parallelism or min(source.parallelism, new_max_parallelism)
 

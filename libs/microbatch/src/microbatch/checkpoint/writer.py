@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from microbatch.checkpoint.layout import Layout
-from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest
+from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest, OperatorState
 from microbatch.checkpoint.statefile import encode_state_file
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, key_group_range
@@ -165,8 +165,15 @@ def build_manifest(
     base: Manifest | None,
     full: bool,
     metadata: Mapping[str, Any] | None = None,
+    operators: Mapping[str, Sequence[InstanceSnapshot]] | None = None,
+    step_types: Mapping[str, str] | None = None,
+    first_uid: str | None = None,
 ) -> Manifest:
-    """Step 2: merge instance snapshots; every key-group must be covered exactly once."""
+    """Step 2: merge instance snapshots; every key-group must be covered exactly once.
+
+    ``operators``: the snapshots of a dataflow's further keyed steps, by uid (sorted
+    runs only), checked the same way; ``step_types``: their functions' classes;
+    ``first_uid``: the uid of the step ``snapshots`` are of."""
     parallelism = len(snapshots)
     if base is not None and checkpoint_id <= base.checkpoint_id:
         raise CheckpointError(
@@ -174,8 +181,6 @@ def build_manifest(
         )
     entries: list[KeyGroupEntry | None] = [None] * max_parallelism
     as_runs = any(s.runs is not None for s in snapshots)
-    runs: list[RunRef] = []
-    counts = [0] * max_parallelism
     for snap in sorted(snapshots, key=lambda s: s.index):
         expected = key_group_range(max_parallelism, parallelism, snap.index)
         covered = set(snap.key_counts or ()) if as_runs else set(snap.entries)
@@ -184,20 +189,16 @@ def build_manifest(
                 f"checkpoint {checkpoint_id}: instance {snap.index} of {parallelism} covers "
                 f"{snap.key_groups}, expected {expected}"
             )
-        if as_runs:
-            outside = [r for r in snap.runs or () if r.clipped(expected.start, expected.end) != r]
-            if snap.runs is None or outside:
-                raise CheckpointError(
-                    f"checkpoint {checkpoint_id}: instance {snap.index} of {parallelism} "
-                    f"returned runs outside its key-groups {expected}: {outside or 'none'}"
-                )
-            runs += snap.runs  # each instance's stretch: newest first within its range
-            for kg, n in (snap.key_counts or {}).items():
-                counts[kg] = n
         for kg, entry in snap.entries.items():
             entries[kg] = entry
     if sorted(s.index for s in snapshots) != list(range(parallelism)):
         raise CheckpointError(f"checkpoint {checkpoint_id}: instances are not 0..{parallelism - 1}")
+    runs, counts = _merged_runs(checkpoint_id, snapshots, max_parallelism) if as_runs else ((), ())
+    types = step_types or {}
+    steps = {}
+    for uid, snaps in (operators or {}).items():
+        runs_of, counts_of = _merged_runs(checkpoint_id, snaps, max_parallelism, uid)
+        steps[uid] = OperatorState(runs_of, counts_of, types.get(uid, ""))
     return Manifest(
         checkpoint_id=checkpoint_id,
         pipeline_fingerprint=pipeline_fingerprint,
@@ -209,7 +210,40 @@ def build_manifest(
         metadata=dict(metadata or {}),
         runs=tuple(runs) if as_runs else None,
         key_counts=tuple(counts) if as_runs else None,
+        operators=steps,
+        first_uid=first_uid,
     )
+
+
+def _merged_runs(
+    checkpoint_id: int,
+    snapshots: Sequence[InstanceSnapshot],
+    max_parallelism: int,
+    uid: str | None = None,
+) -> tuple[tuple[RunRef, ...], tuple[int, ...]]:
+    """The instances' runs, one stretch per instance, and the key counts per key-group;
+    refused when an instance's runs or counts stray outside its key-groups."""
+    parallelism = len(snapshots)
+    what = "" if uid is None else f" step {uid!r}"
+    if sorted(s.index for s in snapshots) != list(range(parallelism)):
+        raise CheckpointError(
+            f"checkpoint {checkpoint_id}{what}: instances are not 0..{parallelism - 1}"
+        )
+    runs: list[RunRef] = []
+    counts = [0] * max_parallelism
+    for snap in sorted(snapshots, key=lambda s: s.index):
+        expected = key_group_range(max_parallelism, parallelism, snap.index)
+        outside = [r for r in snap.runs or () if r.clipped(expected.start, expected.end) != r]
+        if snap.runs is None or outside or set(snap.key_counts or ()) != set(expected):
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id}{what}: instance {snap.index} of {parallelism} "
+                f"returned runs or key counts outside its key-groups {expected}: "
+                f"{outside or 'none'}"
+            )
+        runs += snap.runs  # each instance's stretch: newest first within its range
+        for kg, n in (snap.key_counts or {}).items():
+            counts[kg] = n
+    return tuple(runs), tuple(counts)
 
 
 def commit_manifest(store: ObjectStore, layout: Layout, manifest: Manifest) -> None:

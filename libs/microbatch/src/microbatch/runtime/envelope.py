@@ -80,6 +80,9 @@ STAT = "stat"
 SOURCE_COLUMNS = ("topic", "partition", "offset", "key", "value")
 #: One per instance: what makes an instance run, and fire its due timers, without input.
 TICK = "tick"
+#: A keyed step instance's result on its way to the driver through the later exchanges
+#: of a dataflow (``topic``: the step's uid, "" for the first; ``payload``: its JSON).
+RESULT = "result"
 
 
 class DeadLetterDetail(NamedTuple):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -29,6 +29,7 @@ from microbatch.kafka.spark_source import choose_reader, connector_problem, read
 from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
 from microbatch.runtime.pipeline import Pipeline, columnar_values
 from microbatch.runtime.records import InstanceResult
+from microbatch.runtime.spine import run_spine, step_results
 from microbatch.runtime.stage_one import ReadingStageOne, StageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
 from microbatch.settings import Settings
@@ -43,6 +44,9 @@ class Execution:
 
     results: tuple[InstanceResult, ...]
     reader: str | None
+    #: A dataflow's further keyed steps: their instances' results, by uid (the first
+    #: step's are ``results``, with every step's staged output and counters merged in).
+    steps: Mapping[str, tuple[InstanceResult, ...]] = dataclasses.field(default_factory=dict)
 
 
 class Executor(Protocol):
@@ -93,6 +97,8 @@ class SparkExecutor:
     def execute(
         self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
     ) -> Execution:
+        if self.pipeline.steps:
+            return self.execute_dataflow(plan, stage, pending, watermark)
         if not has_input(plan, pending):
             return Execution(self._collect(self._ticks_only(stage), stage), None)
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -114,6 +120,25 @@ class SparkExecutor:
             .collect()
         )
         return Execution(self._collect(rows, stage), reader)
+
+    def execute_dataflow(
+        self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
+    ) -> Execution:
+        """Stage 1, then every keyed step with its exchange, in one job (:mod:`.spine`);
+        also without input, since timers of one step may feed the next."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        schema = envelope_schema(columnar_values(self.pipeline))
+        rows = self.spark.createDataFrame(
+            ticks(range(stage.parallelism), schema).to_pandas(), schema=from_arrow_schema(schema)
+        )
+        reader = None
+        if has_input(plan, pending):
+            process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
+            envelopes, reader = self.stage_one(plan, process, pending)
+            rows = envelopes.unionByName(rows)
+        first, steps = step_results(run_spine(rows, stage), stage)
+        return Execution(merged_results(first, steps), reader, steps)
 
     def stage_one(
         self, plan: BatchPlan, process: StageOne, pending: pa.Table | None
@@ -212,6 +237,34 @@ def _per_instance(
     return per_instance
 
 
+def merged_results(
+    first: tuple[InstanceResult, ...], steps: Mapping[str, tuple[InstanceResult, ...]]
+) -> tuple[InstanceResult, ...]:
+    """The first step's results with every further step's staged output and counters
+    merged in, per instance: what the batch record and stats are made of. A further
+    step's counters and seconds are named ``<uid>.<name>``; the dead letters count once,
+    as the last step (which staged them all) counted them."""
+    if not steps:
+        return first
+    last = list(steps.values())[-1]
+    merged = []
+    for i, result in enumerate(first):
+        staged = dict(result.staged)
+        counters = {k: v for k, v in result.counters.items() if not k.startswith("dead_letters")}
+        seconds = dict(result.seconds)
+        for uid, results in steps.items():
+            staged |= results[i].staged
+            for k, v in results[i].counters.items():
+                if not k.startswith("dead_letters"):
+                    counters[f"{uid}.{k}"] = v
+            seconds |= {f"{uid}.{k}": v for k, v in results[i].seconds.items()}
+        counters |= {k: v for k, v in last[i].counters.items() if k.startswith("dead_letters")}
+        merged.append(
+            dataclasses.replace(result, staged=staged, counters=counters, seconds=seconds)
+        )
+    return tuple(merged)
+
+
 def check_storage_for_master(pipeline: Pipeline, master: str) -> None:
     """Executors of a real cluster share no filesystem: state and sink files must then
     live on S3, or one executor would restore state another never sees."""
@@ -249,6 +302,11 @@ def ship_user_code(pipeline: Pipeline) -> None:
     from pyspark import cloudpickle
 
     objs: list[Any] = [pipeline.process, pipeline.source.decoder, pipeline.key_by]
+    objs += [s.fn for s in pipeline.prefix]
+    for step in pipeline.steps:
+        objs += [step.process, step.key_by, *(s.fn for s in step.before)]
+        objs += [s.fn for tap in step.taps for s in tap.chain]
+    objs += [s.fn for tap in pipeline.taps or () for s in tap.chain]
     objs += [type(s) for s in pipeline.all_sinks()]  # a user's own sink class
     if pipeline.enrich is not None:
         objs.append(pipeline.enrich.make_operator)

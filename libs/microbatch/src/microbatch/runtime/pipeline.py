@@ -32,6 +32,7 @@ from microbatch.errors import ConfigError
 from microbatch.keygroups import check_max_parallelism
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.schema import ValueSchema, kind_of
+from microbatch.runtime.steps import KeyedStep, Stateless, Tap, check_steps
 from microbatch.sinks import DEAD_LETTER_SINK, DeadLetterSink, KafkaSink, ParquetSink, Sink
 from microbatch.sinks.deadletters import check_sinks
 from microbatch.validation import check_name, check_positive
@@ -219,10 +220,27 @@ class Pipeline:
     full_checkpoint_every: int = 10
     #: How long a run that stopped renewing (died, stalled) keeps the pipeline from others.
     lease_timeout_s: float = 60.0
+    #: A dataflow's parts (:mod:`microbatch.runtime.steps`; built by
+    #: :class:`microbatch.dataflow.Dataflow`): stateless steps before the first key, the
+    #: first keyed step's uid and where its output goes (None: to every sink), and the
+    #: further keyed steps in order.
+    prefix: Sequence[Stateless] = ()
+    uid: str | None = None
+    taps: Sequence[Tap] | None = None
+    steps: Sequence[KeyedStep] = ()
+    #: Further keyed steps whose state may be dropped: removed from the dataflow, or
+    #: given a function of another class (whose state would not fit). Without it, either
+    #: is refused, naming the step.
+    drop_state: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)
         object.__setattr__(self, "sinks", tuple(self.sinks))
+        object.__setattr__(self, "prefix", tuple(self.prefix))
+        object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "drop_state", tuple(self.drop_state))
+        if self.taps is not None:
+            object.__setattr__(self, "taps", tuple(self.taps))
         where = f"pipeline {self.name!r}"
         if not isinstance(self.source, KafkaSource):
             raise ConfigError(f"{where}: source must be a KafkaSource, got {self.source!r}")
@@ -250,6 +268,14 @@ class Pipeline:
             raise ConfigError(f"{where}: {e}") from None
         check_parallelism_for(self, self.parallelism)
         check_sinks(where, self.sinks, self.dead_letters)
+        check_steps(
+            where,
+            self.uid,
+            self.taps,  # type: ignore[arg-type]
+            self.steps,
+            (s.name for s in self.sinks),
+            self.event_time is not None,
+        )
         check_value_schema(self)
         if self.on_process_error not in ("fail", "dead_letter"):
             raise ConfigError(
@@ -273,6 +299,15 @@ class Pipeline:
                 return s
         raise ConfigError(f"pipeline {self.name!r} has no sink {name!r}")
 
+    @property
+    def keyed_uids(self) -> tuple[str, ...]:
+        """The uids of the keyed steps, first to last (the first's may be unset: "")."""
+        return (self.uid or "", *(s.uid for s in self.steps))
+
+    def step_types(self) -> dict[str, str]:
+        """The class of each further keyed step's function, by uid."""
+        return {s.uid: type_name(s.process) for s in self.steps}
+
     def key_of(self, record: Any) -> Any:
         if callable(self.key_by):
             return self.key_by(record)
@@ -283,11 +318,12 @@ class Pipeline:
 
         (``max_parallelism`` is checked on its own: changing it needs ``microbatch
         reshard``. Topics may be added; a removed topic keeps its offsets.)"""
-        parts = {
-            "name": self.name,
-            "process": f"{type(self.process).__module__}.{type(self.process).__qualname__}",
-        }
+        parts = {"name": self.name, "process": type_name(self.process)}
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 _KEY_TYPES = ("string", "long", "int")
@@ -298,7 +334,7 @@ def check_value_schema(pipeline: Pipeline) -> None:
     """With a declared schema, ``key_by`` and the event-time field must be fields of it,
     of types a key and an event time can have."""
     schema = pipeline.source.value_schema
-    if schema is None:
+    if schema is None or pipeline.prefix:  # stateless steps may reshape the records
         return
     where = f"pipeline {pipeline.name!r}"
     fields = {f.name: f for f in schema.arrow_schema}
@@ -335,9 +371,10 @@ def check_value_schema(pipeline: Pipeline) -> None:
 
 def columnar_values(pipeline: Pipeline) -> Any:
     """The Arrow schema of the record columns stage 1 hands stage 2, or None when records
-    travel as payloads (no declared schema, or enrichment, which works on records)."""
+    travel as payloads (no declared schema, or enrichment or stateless steps, which work
+    on records)."""
     schema = pipeline.source.value_schema
-    if schema is None or pipeline.enrich is not None:
+    if schema is None or pipeline.enrich is not None or pipeline.prefix:
         return None
     return schema.arrow_schema
 

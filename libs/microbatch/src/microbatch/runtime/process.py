@@ -55,9 +55,11 @@ class ProcessContext:
     def timers(self) -> list[int]:
         return self._key_ctx.timers()
 
-    def emit(self, record: Any, sink: str | None = None) -> None:
-        """Send ``record`` to sink ``sink`` (None: every user sink of the pipeline)."""
-        self.emitted.append((sink, record))
+    def emit(self, record: Any, sink: str | None = None, *, to: str | None = None) -> None:
+        """Send ``record`` on: to the step's main output (its sinks and the next keyed
+        step; in a single-operator pipeline, every user sink), or with ``to`` (or
+        ``sink``) only to that sink of the step — a side output."""
+        self.emitted.append((to or sink, record))
 
 
 class KeyedProcessFunction:

@@ -52,7 +52,7 @@ from microbatch.runtime import fence, replay
 from microbatch.runtime.execute import Executor, SparkExecutor, check_storage_for_master
 from microbatch.runtime.faults import check_crash_point, crash_if, pause_if
 from microbatch.runtime.fence import Lease
-from microbatch.runtime.lineage import check_lineage, check_sinks_start_fresh
+from microbatch.runtime.lineage import check_lineage, check_sinks_start_fresh, dropped_steps
 from microbatch.runtime.options import BatchOptions, BatchResult, Laps, RunSpec, record_run_spec
 from microbatch.runtime.outcome import (
     agreed_stage_one,
@@ -154,7 +154,7 @@ class BatchRunner:
 
         self.executor.prepare()  # Spark starts here if it has not yet
         laps.lap("spark")
-        record, snapshots = self.execute(  # Step 3
+        record, snapshots, steps = self.execute(  # Step 3
             base, plan, spec, replayed, options, crash_at, attempt
         )
         laps.lap("execute")
@@ -164,7 +164,7 @@ class BatchRunner:
         record = with_seconds(record, {**laps.seconds, "to_commit": laps.since_start()})
         pause_if("before_commit", where)
         held.check("the commit")
-        manifest = self.commit(where, base, plan.batch_id, record, snapshots)  # Step 4
+        manifest = self.commit(where, base, plan.batch_id, record, snapshots, steps)  # Step 4
         laps.lap("commit")
         crash_if(crash_at, "after_commit", where)
 
@@ -180,7 +180,8 @@ class BatchRunner:
         laps.lap("gc")  # Step 6
         laps.seconds["total"] = laps.since_start()
 
-        result.committed(record, snapshots, self.pipeline.dead_letters)
+        every = [*snapshots, *(s for snaps in steps.values() for s in snaps)]
+        result.committed(record, every, self.pipeline.dead_letters)
         result.lag = self.lag(record.offsets)
         result.seconds = laps.seconds
         log.info("%s committed: %s", where, json.dumps(result.to_json()))
@@ -244,9 +245,16 @@ class BatchRunner:
         options: BatchOptions,
         crash_at: str | None,
         attempt: str,
-    ) -> tuple[BatchRecord, list[Any]]:
-        """Run the batch; its record (without the driver's seconds) and state snapshots."""
+    ) -> tuple[BatchRecord, list[Any], dict[str, list[Any]]]:
+        """Run the batch; its record (without the driver's seconds), the state snapshots
+        of its first keyed step and those of the further steps by uid."""
         base_record = BatchRecord.of(base)
+        dropped = dropped_steps(self.pipeline, base)
+        if dropped:
+            log.warning(
+                "pipeline %s batch %s: dropping the state of keyed step(s) %s (drop_state)",
+                self.name, plan.batch_id, ", ".join(sorted(dropped)),
+            )  # fmt: skip
         event_time_before = base_record.event_time or WatermarkState()
         pending_in = load_pending(self.store, base_record.enrich_pending)
         stage = StageTwo(
@@ -254,7 +262,7 @@ class BatchRunner:
             settings=self.settings,
             batch_id=plan.batch_id,
             parallelism=spec.parallelism,
-            base_manifest=None if base is None else base.to_json(),
+            base_manifest=None if base is None else base.without_steps(dropped).to_json(),
             event_time=event_time_before.to_json(),
             processing_time_ms=plan.created_at,
             crash_at=crash_at,
@@ -264,7 +272,8 @@ class BatchRunner:
         execution = self.executor.execute(plan, stage, pending_in, event_time_before.watermark)
         self.stage_one_reader = execution.reader
         totals, event_time = agreed_stage_one(
-            f"pipeline {self.name!r} batch {plan.batch_id}", execution.results
+            f"pipeline {self.name!r} batch {plan.batch_id}",
+            [*execution.results, *(r for rs in execution.steps.values() for r in rs)],
         )
         pending_out = (
             save_pending(self.store, self.layout, plan.batch_id, attempt, execution.results)
@@ -300,7 +309,8 @@ class BatchRunner:
             awaiting_replacement=awaiting,
             stats=batch_stats(plan, execution, totals, pending_in, sinks),
         )
-        return record, [r.snapshot for r in execution.results]
+        steps = {uid: [r.snapshot for r in rs] for uid, rs in execution.steps.items()}
+        return record, [r.snapshot for r in execution.results], steps
 
     # Step 4 ---------------------------------------------------------------------------
     def commit(
@@ -310,6 +320,7 @@ class BatchRunner:
         batch_id: int,
         record: BatchRecord,
         snapshots: list[Any],
+        steps: dict[str, list[Any]] | None = None,
     ) -> Manifest:
         """Create the manifest of ``batch_id``, the checkpoint right after ``base``: only
         once (exclusive create), and never behind a newer checkpoint (a stalled attempt
@@ -330,6 +341,9 @@ class BatchRunner:
             base=base,
             full=False,
             metadata=record.to_json(),
+            operators=steps,
+            step_types=self.pipeline.step_types(),
+            first_uid=self.pipeline.uid,
         )
         try:
             commit_manifest(self.store, self.layout, manifest)

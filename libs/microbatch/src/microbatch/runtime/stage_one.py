@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from microbatch.errors import MicrobatchError, error_text
+from microbatch.errors import MicrobatchError, ProcessError, error_text
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.columnar import columnar_envelopes
@@ -36,6 +36,7 @@ from microbatch.runtime.envelope import (
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import Pipeline, columnar_values, json_decoder
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
+from microbatch.runtime.steps import StepFailed, run_chain
 
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
@@ -238,7 +239,10 @@ class StageOne:
             ):
                 try:
                     record = self.decode(rvalue)
-                    self.add_record(out, topic, part, off, 0, record, raw=rvalue)
+                    if self.pipeline.prefix:
+                        self.add_records(out, topic, part, off, record)
+                    else:
+                        self.add_record(out, topic, part, off, 0, record, raw=rvalue)
                 except _Bad as bad:
                     out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
                              rkey, rvalue)  # fmt: skip
@@ -294,7 +298,10 @@ class StageOne:
                 previous = coords
                 topic, part, off = coords
                 try:
-                    self.add_record(out, topic, part, off, seq, o.value)
+                    if self.pipeline.prefix:
+                        self.add_records(out, topic, part, off, o.value, seq)
+                    else:
+                        self.add_record(out, topic, part, off, seq, o.value)
                 except _Bad as bad:
                     rkey, rvalue = sources.get(coords) or (None, _json_bytes(o.value))
                     out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
@@ -311,6 +318,26 @@ class StageOne:
                 inst = unkeyed_instance(part, off, self.parallelism)  # it passes through stage 2
                 out.add(PENDING, topic, part, off, 0, inst, None, None, None, p.to_bytes())
             return out.build(inputs, self.parallelism)
+
+    def add_records(
+        self, out: EnvelopeBuilder, topic: str, part: int, off: int, record: Any, seq: int = 0
+    ) -> None:
+        """The pipeline's stateless prefix on ``record``, each result appended as a keyed
+        row (numbered after ``seq``); raises ``_Bad`` (nothing appended) if a step raises
+        or a result is unfit. A record the prefix filters out leaves no row."""
+        try:
+            records = run_chain(self.pipeline.prefix, record)
+        except StepFailed as e:
+            if self.pipeline.on_process_error == "fail":
+                raise ProcessError(
+                    f"pipeline {self.pipeline.name!r} stage 1: {e} on {topic}[{part}]@{off}. "
+                    "Fix the function, or set on_process_error='dead_letter'."
+                ) from e
+            raise _Bad("step_failed", str(e)) from e
+        builder = EnvelopeBuilder()
+        for i, r in enumerate(records):
+            self.add_record(builder, topic, part, off, seq * 1024 + i, r)
+        out.rows.extend(builder.rows)
 
     def add_record(
         self,
@@ -384,4 +411,6 @@ class _SourceBytes:
 
 def payload_decoder(pipeline: Pipeline) -> Any:
     """How stage 2 turns a record's payload back into the record (see ``add_record``)."""
-    return decode_payload if pipeline.enrich is not None else source_decoder(pipeline)
+    if pipeline.enrich is not None or pipeline.prefix:  # records no longer the source's
+        return decode_payload
+    return source_decoder(pipeline)

@@ -29,6 +29,7 @@ migration happens in the first batch after an upgrade.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections import Counter
@@ -48,22 +49,24 @@ from microbatch.checkpoint.runstate import (
     mark_all_changed,
     write_batch_run,
 )
-from microbatch.errors import CheckpointError, ConfigError, ProcessError, error_text
-from microbatch.keygroups import decode_key, key_group_range
-from microbatch.runtime.columnar import batch_records
+from microbatch.errors import CheckpointError, ProcessError, error_text
+from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key_group_range
+from microbatch.runtime.columnar import DecodedRecords, batch_records
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     PENDING,
     RECORD,
     STAT,
     DeadLetterDetail,
+    decode_payload,
     partition_stats,
     stage_one_totals,
 )
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.process import ProcessContext
+from microbatch.runtime.process import KeyedProcessFunction, ProcessContext
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
+from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import run_windows
@@ -188,6 +191,27 @@ class StageTwo:
     crash_at: str | None = None
     #: This attempt's id, part of every name it stages (see ``StageContext.attempt``).
     attempt: str = ""
+    #: The keyed step this stage runs: None for the first (the pipeline's ``process``),
+    #: else the uid of one of ``pipeline.steps`` (see :meth:`for_step`).
+    step: str | None = None
+
+    def for_step(self, uid: str) -> StageTwo:
+        """The stage of further keyed step ``uid``: its own function, state and names
+        (its attempt id gets a suffix of the uid's hash, so its objects never collide
+        with another step's)."""
+        suffix = hashlib.sha256(uid.encode()).hexdigest()[:8]
+        return dataclasses.replace(self, step=uid, attempt=f"{self.attempt}{suffix}")
+
+    @property
+    def process_fn(self) -> KeyedProcessFunction:
+        if self.step is None:
+            return self.pipeline.process
+        return self.pipeline.steps[step_index(self.pipeline, self.step) - 1].process
+
+    @property
+    def is_last(self) -> bool:
+        """Does this step stage the dead letters (the last keyed step does)?"""
+        return next_step(self.pipeline, self.step) is None
 
     def __call__(self, key: tuple[Any, ...], table: pa.Table) -> pa.Table:
         instance = key[0].as_py() if hasattr(key[0], "as_py") else int(key[0])
@@ -201,7 +225,8 @@ class StageTwo:
         )
 
     def _where(self, instance: int) -> str:
-        return f"pipeline {self.pipeline.name!r} batch {self.batch_id} instance {instance}"
+        step = "" if self.step is None else f" step {self.step!r}"
+        return f"pipeline {self.pipeline.name!r} batch {self.batch_id}{step} instance {instance}"
 
     def open_state(self, store: Any, instance: int) -> InstanceState:
         """An empty backend for the instance's key-groups and the base's runs that serve
@@ -215,6 +240,8 @@ class StageTwo:
             if self.base_manifest is None
             else Manifest.from_json(self.base_manifest, f"base of batch {self.batch_id}")
         )
+        if base is not None and self.step is not None:
+            base = base.for_operator(self.step)
         if base is not None and base.runs is None:
             backend, _ = restore_instance(store, base, self.parallelism, instance, clock=clock)
             mark_all_changed(backend)
@@ -246,6 +273,10 @@ class StageTwo:
         return totals, state
 
     def run(self, instance: int, table: pa.Table) -> InstanceResult:
+        return self.run_step(instance, table)[0]
+
+    def run_step(self, instance: int, table: pa.Table) -> tuple[InstanceResult, Router]:
+        """The instance's result, and its router: the rows it hands the next keyed step."""
         t0 = time.perf_counter()
         pipeline = self.pipeline
         totals, event_time = self.stage_one(table)
@@ -255,22 +286,9 @@ class StageTwo:
         backend = state.backend
         fetched_before = dataclasses.replace(state.cache.stats)
 
-        outputs: dict[str, list[Any]] = {s.name: [] for s in pipeline.sinks}
         dead: list[dict[str, Any]] = []
         stats: Counter[str] = Counter()
-
-        def emit_all(ctx: ProcessContext) -> None:
-            for sink, record in ctx.emitted:
-                if sink is None:
-                    for rows in outputs.values():
-                        rows.append(record)
-                elif sink in outputs:
-                    outputs[sink].append(record)
-                else:
-                    raise ConfigError(
-                        f"{self._where(instance)}: ctx.emit(..., sink={sink!r}) names no sink "
-                        f"of the pipeline (sinks: {sorted(outputs)})"
-                    )
+        process_fn = self.process_fn
 
         def dead_letter(reason: str, error: str, **src: Any) -> None:
             stats[f"dead_letters.{reason}"] += 1
@@ -289,7 +307,10 @@ class StageTwo:
                 }
             )
 
-        # Dead letters of stage 1, in source order.
+        router = Router(self._where(instance), pipeline, self.step, self.parallelism, dead_letter)
+        outputs = router.outputs
+
+        # Dead letters of stage 1 (and of the steps before), in source order.
         dl = table.filter(pc.equal(table.column("kind"), DEAD_LETTER))
         dl = dl.sort_by([(c, "ascending") for c in SOURCE_ORDER])
         for row in dl.select(["topic", "partition", "offset", "payload"]).to_pylist():
@@ -324,15 +345,20 @@ class StageTwo:
         stats["state_requests"] = restored["requests"]
         stats["state_bytes_fetched"] = restored["bytes"]
         t_restore = time.perf_counter()
-        records_of = batch_records(pipeline, recs)
+        if self.step is None:
+            records_of = batch_records(pipeline, recs)
+        else:  # records handed on by the step before: always payloads
+            payloads = recs.column("payload").to_pylist()
+            records_of = lambda i, j: DecodedRecords(map(decode_payload, payloads[i:j]))  # noqa: E731
         source = recs.source
+        maxp = pipeline.max_parallelism
 
-        if getattr(pipeline.process, "columnar", False):
+        if getattr(process_fn, "columnar", False):
             emitted: list[Any] = []
             everything = records_of(0, recs.num_rows)
             stats.update(
                 run_windows(
-                    pipeline.process.operator,  # type: ignore[attr-defined]
+                    process_fn.operator,  # type: ignore[attr-defined]
                     backend,
                     everything.columns(),
                     recs.column("key"),
@@ -350,8 +376,10 @@ class StageTwo:
                     ),
                 )
             )
-            for rows in outputs.values():
-                rows.extend(emitted)
+            for row in emitted:
+                key = row.get("key") if isinstance(row, dict) else None
+                kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
+                router.main(row, kg)
             runs = []  # no per-key calls (zip below stops at once)
         for (i, j), key_bytes, kg in zip(runs, keys, key_groups, strict=False):
             records = records_of(i, j)
@@ -361,7 +389,7 @@ class StageTwo:
             )
             ctx = ProcessContext(backend.for_key(key), watermark, self.processing_time_ms)
             try:
-                pipeline.process.process(key, records, ctx)
+                process_fn.process(key, records, ctx)
             except Exception as e:
                 at = source(i)
                 first = f"{at['topic']}[{at['partition']}]@{at['offset']}"
@@ -378,7 +406,7 @@ class StageTwo:
                         raw_value=json.dumps(records[r - i], default=str).encode(),
                     )  # fmt: skip
             else:
-                emit_all(ctx)
+                router.emit(ctx.emitted, kg)
             stats["keys"] += 1
 
         # Step 3: timers.
@@ -389,7 +417,7 @@ class StageTwo:
             if pipeline.on_process_error != "fail":
                 backup = _KeyBackup(backend, key_ctx.key_group, key_ctx.key_bytes)
             try:
-                pipeline.process.on_timer(key_ctx.key, ts, ctx)
+                process_fn.on_timer(key_ctx.key, ts, ctx)
             except Exception as e:
                 if backup is None:
                     raise ProcessError(
@@ -401,7 +429,7 @@ class StageTwo:
                 body = {"key": repr(key_ctx.key), "timer": ts}
                 dead_letter("timer_failed", error_text(e), raw_value=json.dumps(body).encode())
             else:
-                emit_all(ctx)
+                router.emit(ctx.emitted, key_ctx.key_group)
 
         if watermark is not None:
             backend.advance_watermark(watermark, on_timer)
@@ -419,14 +447,19 @@ class StageTwo:
             pipeline.name, self.batch_id, instance, self.settings, store, Layout(), self.attempt
         )
         staged = {}
-        for sink in pipeline.all_sinks():
-            rows = dead if sink is pipeline.dead_letters else outputs[sink.name]
-            staged[sink.name] = sink.stage(ctx, rows)
+        for sink in pipeline.sinks:
+            if sink.name in outputs:
+                staged[sink.name] = sink.stage(ctx, outputs[sink.name])
+        if self.is_last:
+            if pipeline.dead_letters is not None:
+                staged[pipeline.dead_letters.name] = pipeline.dead_letters.stage(ctx, dead)
+        else:
+            router.forward_dead_letters(dead, instance)
         t_stage = time.perf_counter()
         stats["dead_letters"] = len(dead)
         for name, rows in outputs.items():
             stats[f"out.{name}"] = len(rows)
-        return InstanceResult(
+        result = InstanceResult(
             instance=instance,
             stage_one=totals,
             event_time=event_time,
@@ -442,6 +475,7 @@ class StageTwo:
                 "stage": round(t_stage - t_state, 4),
             },
         )
+        return result, router
 
 
 @dataclasses.dataclass

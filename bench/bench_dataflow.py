@@ -1,0 +1,313 @@
+"""The payments job as one dataflow vs as two pipelines reading the topic twice.
+
+Produces ``--records`` JSON payments ``{"card": "c<n % 20000>", "merchant": "m<n % 500>",
+"amount": ..., "ts": ...}`` into a fresh 4-partition topic (every 13th a refund, amount
+< 0). Then, on ONE SparkSession (``local[2]``, Spark's Kafka connector jars), each engine
+consumes the whole topic in one batch (P=2, max_parallelism 128, Parquet sinks):
+
+- **one dataflow** (:mod:`microbatch.dataflow`): filter refunds → key_by(card) →
+  ``CardSpend`` (running total in value state, an alert side output the first time a card
+  passes 5,000, a timer per payment) → key_by(merchant) → ``MerchantTotals`` (count and
+  sum in value state, one row per merchant and batch). One Spark job, two exchanges, one
+  commit;
+- **two pipelines** (the reference: what had to be written before dataflows): the card
+  pipeline (``CardSpend`` with the filter inside) and the merchant pipeline
+  (``MerchantTotals`` with the filter inside), each reading and decoding the whole topic,
+  each with its own checkpoint and commit; run one after the other.
+
+records/s = records / wall time (for the reference: both pipelines' batches); CPU-s of this
+process, the Spark JVM and its Python workers. Every engine first runs once, untimed, over
+a small warm-up topic; ``--repeat N`` (default 3) rotates the engines, and the table shows
+the median and the best of the rounds, with the load at each start. The alerts and the
+merchants' totals must be the same in both.
+
+Where the dataflow's time goes: its batch phases and the stage-2 seconds of each keyed
+step's instances (restore, process, state, stage) from the batch's stats.
+
+    .venv/bin/python bench/bench_dataflow.py [--records 300000 | --quick] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import benchlib
+from benchlib import kafka_settings, load, log, print_table, spark_cpu_seconds
+
+from microbatch.dataflow import Dataflow
+from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
+from microbatch.runtime import (
+    BatchOptions,
+    BatchResult,
+    BatchRunner,
+    EventTime,
+    KafkaSource,
+    KeyedProcessFunction,
+    ParquetSink,
+    Pipeline,
+    ProcessContext,
+)
+from microbatch.settings import Settings
+from microbatch.sinks import read_parquet_sink
+from microbatch.spark import spark_session
+
+PARTITIONS, PARALLELISM, MAXP = 4, 2, 128
+CARDS, MERCHANTS, ALERT_AT = 20_000, 500, 5_000
+ENGINES = {"dataflow": "one dataflow", "separate": "two pipelines"}
+
+
+def payment(n: int) -> bytes:
+    amount = -10 if n % 13 == 0 else 5 + (n * 7919) % 400
+    body = {"card": f"c{n % CARDS}", "merchant": f"m{(n * 31) % MERCHANTS}", "amount": amount}
+    return json.dumps({**body, "ts": 1_700_000_000_000 + n}).encode()
+
+
+class CardSpend(KeyedProcessFunction):
+    """Running spend per card; an alert (to ``alerts``) the first time it passes 5,000."""
+
+    def __init__(self, keep_refunds: bool = True) -> None:
+        self.keep_refunds = keep_refunds
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        total, alerted = ctx.value("total"), ctx.value("alerted")
+        spent = total.get(0)
+        for p in records:
+            if not self.keep_refunds and p["amount"] <= 0:
+                continue
+            spent += p["amount"]
+            ctx.emit(p)
+            if spent > ALERT_AT and not alerted.get(False):
+                alerted.set(True)
+                ctx.emit({"card": key, "total": spent, "at": p["ts"]}, to="alerts")
+        total.set(spent)
+        if records:
+            ctx.register_timer(records[-1]["ts"] + 3_600_000)
+
+
+class MerchantTotals(KeyedProcessFunction):
+    def __init__(self, keep_refunds: bool = True) -> None:
+        self.keep_refunds = keep_refunds
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        kept = [p for p in records if self.keep_refunds or p["amount"] > 0]
+        count, total = ctx.value("count"), ctx.value("sum")
+        count.set(count.get(0) + len(kept))
+        total.set(total.get(0) + sum(p["amount"] for p in kept))
+        ctx.emit({"merchant": key, "count": count.get(), "sum": total.get()})
+
+
+def positive(p: dict[str, Any]) -> bool:
+    return p["amount"] > 0
+
+
+def event_time() -> EventTime:
+    return EventTime("ts", idle_timeout_s=None)
+
+
+def one_dataflow(name: str, topic: str, root: Path) -> Pipeline:
+    flow = Dataflow(
+        name,
+        checkpoints=str(root / "checkpoints"),
+        event_time=event_time(),
+        max_parallelism=MAXP,
+        parallelism=PARALLELISM,
+    )
+    cards = (
+        flow.source(KafkaSource(topics=(topic,), reader="spark"))
+        .filter(positive, name="no-refunds")
+        .key_by("card")
+        .process(CardSpend(), uid="cards", outputs=[ParquetSink("alerts", str(root / "alerts"))])
+    )
+    cards.key_by("merchant").process(MerchantTotals(), uid="merchants").to(
+        ParquetSink("merchants", str(root / "merchants"))
+    )
+    return flow.build()
+
+
+def two_pipelines(name: str, topic: str, root: Path) -> list[Pipeline]:
+    common: dict[str, Any] = {
+        "source": KafkaSource(topics=(topic,), reader="spark"),
+        "event_time": event_time(),
+        "max_parallelism": MAXP,
+        "parallelism": PARALLELISM,
+    }
+    cards = Pipeline(
+        name=f"{name}-cards",
+        key_by="card",
+        process=CardSpend(keep_refunds=False),
+        sinks=[ParquetSink("alerts", str(root / "alerts"))],
+        checkpoints=str(root / "cards-checkpoints"),
+        **common,
+    )
+    merchants = Pipeline(
+        name=f"{name}-merchants",
+        key_by="merchant",
+        process=MerchantTotals(keep_refunds=False),
+        sinks=[ParquetSink("merchants", str(root / "merchants"))],
+        checkpoints=str(root / "merchants-checkpoints"),
+        **common,
+    )
+    return [cards, merchants]
+
+
+def run_batches(spark: Any, settings: Settings, pipelines: list[Pipeline]) -> list[BatchResult]:
+    return [BatchRunner(spark, p, settings).run(BatchOptions(run_id="bench")) for p in pipelines]
+
+
+def outputs(root: Path, settings: Settings) -> tuple[set[tuple], set[tuple]]:
+    alerts = read_parquet_sink(str(root / "alerts"), settings).to_pylist()
+    merchants = read_parquet_sink(str(root / "merchants"), settings).to_pylist()
+    return (
+        {(a["card"], a["total"], a["at"]) for a in alerts},
+        {(m["merchant"], m["count"], m["sum"]) for m in merchants},
+    )
+
+
+Run = tuple[float, float, str]  # seconds, CPU-s, load at start
+
+
+def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
+    bootstrap = settings.kafka_bootstrap_servers
+    tag = uuid.uuid4().hex[:8]
+    topic, warm_topic = f"bench-dataflow-{tag}", f"bench-dataflow-warmup-{tag}"
+    log(f"producing {args.records:,} payments to {topic} ({PARTITIONS} partitions)")
+    benchlib.produce(bootstrap, topic, args.records, payment, PARTITIONS)
+    benchlib.produce(bootstrap, warm_topic, args.warmup, payment, PARTITIONS)
+    jars = ensure_spark_kafka_jars(settings.home_path)
+    log(f"starting Spark local[2] with {', '.join(j.name for j in jars)}")
+    spark = spark_session(
+        settings, "bench-dataflow", conf={"spark.sql.shuffle.partitions": str(PARALLELISM)}
+    )
+    runs: dict[str, list[Run]] = {name: [] for name in ENGINES}
+    breakdown: list[str] = []
+
+    def pipelines(engine: str, name: str, on: str, root: Path) -> list[Pipeline]:
+        if engine == "dataflow":
+            return [one_dataflow(name, on, root)]
+        return two_pipelines(name, on, root)
+
+    try:
+        log(f"warm-up (untimed): each engine over {args.warmup:,} payments ...")
+        for engine in ENGINES:
+            run_batches(spark, settings, pipelines(engine, f"w-{engine}-{tag}", warm_topic,
+                                                   work / f"warm-{engine}"))  # fmt: skip
+
+        def measure(i: int, engine: str) -> None:
+            before, cpu = load(), spark_cpu_seconds(spark)
+            log(f"[{i + 1}] {ENGINES[engine]}: one batch over the topic ({before}) ...")
+            started = time.perf_counter()
+            root = work / f"{engine}{i}"
+            batch = pipelines(engine, f"b-{engine}-{tag}-{i}", topic, root)
+            results = run_batches(spark, settings, batch)
+            seconds = time.perf_counter() - started
+            cpu = spark_cpu_seconds(spark) - cpu
+            runs[engine].append((seconds, cpu, before))
+            log(f"  {seconds:.2f} s, {cpu:.1f} CPU-s")
+            for r in results:
+                if r.records_in != args.records:
+                    raise SystemExit(f"{r.pipeline} read {r.records_in:,} of {args.records:,}")
+            if i == 0 and engine == "dataflow":
+                breakdown.extend(where_time_goes(batch[0], settings, results[0]))
+
+        for i in range(args.repeat):  # rotate the order: load swings hit both alike
+            order = list(ENGINES) if i % 2 == 0 else list(reversed(ENGINES))
+            for engine in order:
+                measure(i, engine)
+        same = outputs(work / "dataflow0", settings) == outputs(work / "separate0", settings)
+        alerts, merchants = outputs(work / "dataflow0", settings)
+    finally:
+        spark.stop()
+
+    def rate(xs: list[Run], pick: Any) -> float:
+        return args.records / pick([s for s, _, _ in xs])
+
+    def cpu(xs: list[Run], pick: Any) -> float:
+        return pick([c for _, c, _ in xs])
+
+    def described(xs: list[Run]) -> str:
+        return "; ".join(f"{s:.2f} s, {c:.1f} CPU-s ({where})" for s, c, where in xs)
+
+    one, two = runs["dataflow"], runs["separate"]
+    med, best = statistics.median, min
+    rows = [
+        (
+            "one dataflow (filter → cards → merchants)",
+            f"{rate(one, med):,.0f}/s median, {rate(one, best):,.0f}/s best",
+            described(one),
+        ),
+        (
+            "two pipelines reading the topic twice",
+            f"{rate(two, med):,.0f}/s median, {rate(two, best):,.0f}/s best",
+            described(two),
+        ),
+        (
+            "one dataflow / two pipelines, records/s",
+            f"{rate(one, med) / rate(two, med):.2f} median, "
+            f"{rate(one, best) / rate(two, best):.2f} best",
+            "target >= 1.5",
+        ),
+        (
+            "CPU-s, two pipelines ÷ one dataflow",
+            f"{cpu(two, med) / cpu(one, med):.2f} median, "
+            f"{cpu(two, best) / cpu(one, best):.2f} best",
+            f"{cpu(one, med):.1f} vs {cpu(two, med):.1f} CPU-s (median)",
+        ),
+        (
+            "outputs",
+            "match" if same else "MISMATCH",
+            f"{len(alerts):,} alerts, {len(merchants):,} merchant rows in both",
+        ),
+    ]
+    print_table(rows)
+    print("\nWhere the dataflow's batch time goes (first run):")
+    print("\n".join(breakdown))
+    if not same:
+        raise SystemExit(1)
+
+
+def where_time_goes(pipeline: Pipeline, settings: Settings, result: BatchResult) -> list[str]:
+    """The batch's phases and each keyed step's stage-2 seconds, summed over instances
+    (from the committed batch's stats)."""
+    from microbatch.checkpoint import Layout, latest_manifest
+    from microbatch.runtime.records import BatchRecord
+    from microbatch.storage import open_store
+
+    manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
+    stats = BatchRecord.of(manifest).stats
+    lines = [f"  batch phases (s): {json.dumps(result.seconds)}"]
+    sums: dict[str, float] = {}
+    for inst in stats.instances if stats else ():
+        for k, v in inst.seconds.items():
+            sums[k] = sums.get(k, 0.0) + v
+    first = {k: round(v, 2) for k, v in sums.items() if "." not in k}
+    later = {k.split(".", 1)[1]: round(v, 2) for k, v in sums.items() if "." in k}
+    lines.append(f"  step cards, instances' sum (s): {first}")
+    lines.append(f"  step merchants, instances' sum (s): {later}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--warmup", type=int, default=5_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="30,000 records, 3 rounds")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.records = 30_000
+    with tempfile.TemporaryDirectory(prefix="bench-dataflow-") as tmp:
+        work = Path(tmp)
+        with kafka_settings(work, work / "home") as settings:
+            run(settings, args, work)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Where a keyed step's records go, inside one instance of stage 2.
+
+A single-operator pipeline sends what ``process`` emits to every sink (or to the one named
+by ``ctx.emit(record, to=...)``). In a dataflow each keyed step sends its main output to
+its taps (each through its stateless steps) and to the next keyed step: those records are
+keyed and become envelope rows of the next exchange, numbered per key-group of this step
+(``topic`` = ``@<uid>``, ``partition`` = key-group, ``offset`` = its count), so the next
+step sees every key's records in one order whatever the parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from microbatch.errors import ConfigError, MicrobatchError, ProcessError, error_text
+from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.runtime.envelope import (
+    DEAD_LETTER,
+    DeadLetterDetail,
+    EnvelopeBuilder,
+    encode_payload,
+)
+from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, run_chain
+
+DeadLetter = Callable[..., None]
+
+
+def step_index(pipeline: Pipeline, uid: str | None) -> int:
+    """0 for the first keyed step (``uid`` None), else 1 + the step's place in ``steps``."""
+    if uid is None:
+        return 0
+    for i, step in enumerate(pipeline.steps):
+        if step.uid == uid:
+            return i + 1
+    raise ConfigError(f"pipeline {pipeline.name!r} has no keyed step {uid!r}")
+
+
+def next_step(pipeline: Pipeline, uid: str | None) -> KeyedStep | None:
+    i = step_index(pipeline, uid)
+    return pipeline.steps[i] if i < len(pipeline.steps) else None
+
+
+def own_sinks(pipeline: Pipeline, uid: str | None) -> tuple[str, ...]:
+    """The sinks step ``uid`` stages (None: the first step): every sink of a
+    single-operator pipeline, else the step's taps."""
+    if pipeline.taps is None:
+        return tuple(s.name for s in pipeline.sinks)
+    taps = pipeline.taps if uid is None else pipeline.steps[step_index(pipeline, uid) - 1].taps
+    return tuple(t.sink for t in taps)
+
+
+class Router:
+    """Collects one instance's output of step ``uid``: rows per own sink, and envelope
+    rows for the next keyed step (``forward``)."""
+
+    def __init__(
+        self,
+        where: str,
+        pipeline: Pipeline,
+        uid: str | None,
+        parallelism: int,
+        dead_letter: DeadLetter,
+    ) -> None:
+        self.where = where
+        self.pipeline = pipeline
+        self.uid = uid
+        self.parallelism = parallelism
+        self.dead_letter = dead_letter
+        self.outputs: dict[str, list[Any]] = {n: [] for n in own_sinks(pipeline, uid)}
+        self.single = pipeline.taps is None
+        taps = () if self.single else (
+            pipeline.taps if uid is None else pipeline.steps[step_index(pipeline, uid) - 1].taps
+        )  # fmt: skip
+        self.main_taps = [t for t in (taps or ()) if not t.side]
+        self.next = next_step(pipeline, uid)
+        self.forward = EnvelopeBuilder()
+        self._count: Counter[int] = Counter()
+        self._marker = f"@{uid or pipeline.uid or ''}"
+
+    def emit(self, emitted: Sequence[tuple[str | None, Any]], key_group: int) -> None:
+        """What one ``process``/``on_timer`` call emitted (``ctx.emitted``)."""
+        for sink, record in emitted:
+            if sink is None:
+                self.main(record, key_group)
+            elif sink in self.outputs:
+                self.outputs[sink].append(record)
+            else:
+                raise ConfigError(
+                    f"{self.where}: ctx.emit(..., to={sink!r}) names no sink of this step "
+                    f"(its sinks: {sorted(self.outputs)})"
+                )
+
+    def main(self, record: Any, key_group: int) -> None:
+        """One record of the step's main output."""
+        if self.single:
+            for rows in self.outputs.values():
+                rows.append(record)
+            return
+        for tap in self.main_taps:
+            self.outputs[tap.sink].extend(self._chain(tap.chain, record))
+        if self.next is not None:
+            for r in self._chain(self.next.before, record):
+                self._forward(r, key_group)
+
+    def _chain(self, chain: Chain, record: Any) -> list[Any]:
+        if not chain:
+            return [record]
+        try:
+            return run_chain(chain, record)
+        except StepFailed as e:
+            if self.pipeline.on_process_error == "fail":
+                raise ProcessError(
+                    f"{self.where}: {e}. Fix the function, or set on_process_error='dead_letter'."
+                ) from e
+            self.dead_letter("step_failed", str(e), raw_value=_json(record))
+            return []
+
+    def _forward(self, record: Any, key_group: int) -> None:
+        step = self.next
+        assert step is not None
+        where = f"step {step.uid!r}"
+        try:
+            key = step.key_of(record)
+        except Exception as e:  # user code
+            self.dead_letter("bad_key", f"{where}: key_by raised {error_text(e)}",
+                             raw_value=_json(record))  # fmt: skip
+            return
+        if key is None:
+            self.dead_letter("missing_key", f"{where}: key_by {step.key_by!r} gave no key",
+                             raw_value=_json(record))  # fmt: skip
+            return
+        try:
+            key_bytes = encode_key(key)
+            payload = encode_payload(record)
+        except MicrobatchError as e:
+            self.dead_letter("bad_key", f"{where}: {e}", raw_value=_json(record))
+            return
+        ts = self._event_time(record, where)
+        if ts is False:
+            return
+        maxp = self.pipeline.max_parallelism
+        kg = key_group_of_bytes(key_bytes, maxp)
+        n = self._count[key_group]
+        self._count[key_group] += 1
+        instance = operator_index(kg, maxp, self.parallelism)
+        self.forward.record(self._marker, key_group, n, 0, instance, kg, key_bytes, ts, payload)
+
+    def _event_time(self, record: Any, where: str) -> int | bool | None:
+        """The record's event time for the next step (None: it has none), or False after
+        dead-lettering a record a window cannot place."""
+        from microbatch.runtime.stage_one import event_time_ms
+
+        et = self.pipeline.event_time
+        raw = record.get(et.field) if et is not None and isinstance(record, dict) else None
+        windowed = getattr(self.next.process if self.next else None, "columnar", False)
+        if raw is None:
+            if windowed:
+                field = et.field if et else None
+                error = f"{where}: a window needs the event-time field {field!r}"
+                self.dead_letter("missing_event_time", error, raw_value=_json(record))
+                return False
+            return None
+        try:
+            return event_time_ms(raw)
+        except (ValueError, TypeError, OverflowError) as e:
+            self.dead_letter("bad_event_time", f"{where}: {e}", raw_value=_json(record))
+            return False
+
+    def forward_dead_letters(self, dead: Sequence[dict[str, Any]], instance: int) -> None:
+        """Dead letters of this step and before, handed on: the last step stages them."""
+        for d in dead:
+            detail = DeadLetterDetail(
+                d["reason"], d["error"], d.get("raw_key"), d.get("raw_value"), d.get("attempts")
+            )
+            self.forward.add(DEAD_LETTER, d.get("topic"), d.get("partition"), d.get("offset"),
+                             0, instance, None, None, None, detail.to_payload())  # fmt: skip
+
+
+def _json(record: Any) -> bytes:
+    return json.dumps(record, default=str).encode()

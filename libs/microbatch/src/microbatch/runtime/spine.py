@@ -1,0 +1,113 @@
+"""A dataflow's keyed steps in one Spark job: one exchange per keyed step.
+
+Stage 1 (the same as a single-operator pipeline's) keys records for the first step; then
+for each keyed step, ``repartitionById`` puts each instance's rows in one partition and a
+``mapInArrow`` runs the step (:meth:`StageTwo.run_step`). Its output rows are the next
+step's input — records keyed for it, the dead letters so far (the last step stages them),
+a copy of the ``stat`` rows and a ``tick`` per next instance (from instance 0), so every
+next instance computes the same watermark and runs even without input — plus one
+``result`` row per instance, which later steps pass through to the driver. Nothing is
+materialised between the steps: each exchange is the only copy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from microbatch.errors import BatchError
+from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RESULT, STAT, ticks
+from microbatch.runtime.records import InstanceResult
+from microbatch.runtime.stage_two import StageTwo
+
+Body = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def step_stages(stage: StageTwo) -> list[StageTwo]:
+    """The stage of every keyed step, first to last."""
+    return [stage, *(stage.for_step(s.uid) for s in stage.pipeline.steps)]
+
+
+def run_spine(rows: Any, stage: StageTwo) -> list[Any]:
+    """Every keyed step over ``rows`` (stage 1's envelope rows and ticks, a DataFrame);
+    the collected ``result`` rows of all steps' instances."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    plain = from_arrow_schema(ENVELOPE_SCHEMA)
+    for step in step_stages(stage):
+        rows = rows.repartitionById(stage.parallelism, "instance").mapInArrow(
+            step_instance(step), plain
+        )
+    return list(rows.collect())
+
+
+def step_instance(stage: StageTwo) -> Body:
+    """The mapInArrow body of one keyed step over one partition: one whole instance."""
+
+    def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [b.select(ENVELOPE_SCHEMA.names) for b in batches]
+        table = pa.Table.from_batches(received, schema=ENVELOPE_SCHEMA)
+        earlier = pc.equal(table.column("kind"), RESULT)
+        own = table.filter(pc.invert(earlier))
+        instances = pc.unique(own.column("instance")).to_pylist()
+        if len(instances) != 1:  # every partition holds its tick
+            step = "the first keyed step" if stage.step is None else f"step {stage.step!r}"
+            raise BatchError(
+                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id} {step}: a "
+                f"partition holds instances {sorted(instances)}, expected exactly one"
+            )
+        instance = instances[0]
+        result, router = stage.run_step(instance, own)
+        yield from table.filter(earlier).to_batches()
+        yield result_row(stage.step or "", result)
+        if stage.is_last:
+            return
+        yield router.forward.rows_batch()
+        if instance == 0:
+            stats = own.filter(pc.equal(own.column("kind"), STAT))
+            for j in range(stage.parallelism):
+                copy = stats.set_column(
+                    stats.schema.get_field_index("instance"),
+                    "instance",
+                    pa.array([j] * stats.num_rows, pa.int32()),
+                )
+                yield from copy.to_batches()
+            yield from ticks(range(stage.parallelism)).to_batches()
+
+    return per_instance
+
+
+def result_row(uid: str, result: InstanceResult) -> pa.RecordBatch:
+    cols: dict[str, list[Any]] = {f.name: [None] for f in ENVELOPE_SCHEMA}
+    cols |= {"kind": [RESULT], "topic": [uid], "instance": [result.instance]}
+    cols["payload"] = [json.dumps(result.to_json()).encode()]
+    return pa.RecordBatch.from_pydict(cols, schema=ENVELOPE_SCHEMA)
+
+
+def step_results(
+    rows: list[Any], stage: StageTwo
+) -> tuple[tuple[InstanceResult, ...], dict[str, tuple[InstanceResult, ...]]]:
+    """The collected ``result`` rows as the first step's results and each further step's,
+    in instance order; refused unless every step reported every instance once."""
+    by_step: dict[str, list[InstanceResult]] = {}
+    for r in rows:
+        body = json.loads(bytes(r["payload"]))
+        by_step.setdefault(r["topic"], []).append(InstanceResult.from_json(body))
+    expected = list(range(stage.parallelism))
+    out: dict[str, tuple[InstanceResult, ...]] = {}
+    for step in step_stages(stage):
+        uid = step.step or ""
+        results = sorted(by_step.pop(uid, []), key=lambda r: r.instance)
+        got = [r.instance for r in results]
+        if got != expected:
+            raise BatchError(
+                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id} step {uid!r}: "
+                f"instances {got} reported, expected {expected}"
+            )
+        out[uid] = tuple(results)
+    first = out.pop("")
+    return first, out

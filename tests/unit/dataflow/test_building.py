@@ -1,0 +1,138 @@
+"""Writing a dataflow: what it builds, and what is refused when built, naming the step."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from microbatch import windows
+from microbatch.dataflow import Dataflow, MissingUidWarning
+from microbatch.errors import ConfigError
+from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, ParquetSink
+from microbatch.runtime.steps import Tap
+
+
+class Echo(KeyedProcessFunction):
+    def process(self, key: Any, records: Any, ctx: Any) -> None:
+        for r in records:
+            ctx.emit(r)
+
+
+def flow(**kw: Any) -> Dataflow:
+    return Dataflow("pay", checkpoints="/tmp/cp", **kw)
+
+
+def sink(name: str) -> ParquetSink:
+    return ParquetSink(name, f"/tmp/{name}")
+
+
+def test_a_chain_of_steps_builds_one_pipeline_with_its_spine() -> None:
+    f = flow()
+    first = (
+        f.source(KafkaSource(topics=("payments",)))
+        .filter(lambda r: r["amount"] > 0, name="positive")
+        .key_by("card")
+        .process(Echo(), uid="spend", outputs=[sink("alerts")])
+    )
+    first.map(lambda r: r, name="project").to(sink("charges"))
+    first.key_by("merchant").process(Echo(), uid="merchant").to(sink("merchants"))
+    pipe = f.build()
+    assert pipe.uid == "spend" and pipe.key_by == "card"
+    assert [s.name for s in pipe.prefix] == ["positive"]
+    assert pipe.taps == (Tap("alerts", (), side=True), Tap("charges", pipe.taps[1].chain))
+    assert [s.name for s in pipe.taps[1].chain] == ["project"]
+    assert [(s.uid, s.key_by) for s in pipe.steps] == [("merchant", "merchant")]
+    assert pipe.steps[0].taps == (Tap("merchants"),)
+    assert [s.name for s in pipe.sinks] == ["alerts", "charges", "merchants"]
+    assert pipe.keyed_uids == ("spend", "merchant")
+
+
+def test_a_step_without_uid_is_named_after_its_position_with_a_warning() -> None:
+    f = flow()
+    with pytest.warns(MissingUidWarning, match="echo-1"):
+        f.source(KafkaSource(topics=("t",))).key_by("k").process(Echo()).to(sink("out"))
+    assert f.build().uid == "echo-1"
+
+
+def test_a_uid_given_twice_is_refused() -> None:
+    f = flow()
+    s = f.source(KafkaSource(topics=("t",))).key_by("k").process(Echo(), uid="a")
+    with pytest.raises(ConfigError, match="two keyed steps have the uid 'a'"):
+        s.key_by("k").process(Echo(), uid="a")
+
+
+def test_a_sink_name_used_twice_is_refused() -> None:
+    f = flow()
+    s = f.source(KafkaSource(topics=("t",))).key_by("k").process(Echo(), uid="a")
+    s.to(sink("out"))
+    with pytest.raises(ConfigError, match="sink name 'out' is used twice"):
+        s.map(lambda r: r).to(sink("out"))
+
+
+def test_a_window_without_event_time_is_refused_naming_the_step() -> None:
+    f = flow()
+    s = f.source(KafkaSource(topics=("t",))).key_by("k").process(Echo(), uid="a")
+    s.key_by("k").window(windows.tumbling("1m").count().final(), uid="per-minute").to(sink("o"))
+    with pytest.raises(ConfigError, match="step 'per-minute' is a window"):
+        f.build()
+
+
+def test_window_takes_only_a_windowed_aggregation() -> None:
+    keyed = flow().source(KafkaSource(topics=("t",))).key_by("k")
+    with pytest.raises(ConfigError, match="window\\(\\) takes a windowed aggregation"):
+        keyed.window(Echo(), uid="w")
+
+
+def test_two_keyed_steps_reading_one_stream_are_refused_for_now() -> None:
+    f = flow()
+    s = f.source(KafkaSource(topics=("t",))).key_by("k").process(Echo(), uid="a")
+    s.key_by("x").process(Echo(), uid="b").to(sink("b"))
+    s.key_by("y").process(Echo(), uid="c").to(sink("c"))
+    with pytest.raises(ConfigError, match="steps 'b', 'c' all read step 'a'"):
+        f.build()
+
+
+def test_a_sink_before_any_keyed_step_is_refused_for_now() -> None:
+    f = flow()
+    src = f.source(KafkaSource(topics=("t",)))
+    src.to(sink("raw"))
+    src.key_by("k").process(Echo(), uid="a").to(sink("out"))
+    with pytest.raises(ConfigError, match="sink\\(s\\) raw take records before any keyed step"):
+        f.build()
+
+
+def test_a_sink_no_step_feeds_and_a_dataflow_without_keyed_step_are_refused() -> None:
+    f = flow()
+    f.source(KafkaSource(topics=("t",)))
+    with pytest.raises(ConfigError, match="no keyed step"):
+        f.build()
+    with pytest.raises(ConfigError, match="no source"):
+        flow().build()
+
+
+def test_key_by_needs_a_field_or_a_function_and_process_a_process_function() -> None:
+    src = flow().source(KafkaSource(topics=("t",)))
+    with pytest.raises(ConfigError, match="key_by takes a field name or a function"):
+        src.key_by("")
+    with pytest.raises(ConfigError, match="process\\(\\) takes a KeyedProcessFunction"):
+        src.key_by("k").process(lambda k, r, c: None, uid="a")  # type: ignore[arg-type]
+
+
+def test_enrich_goes_right_after_the_source() -> None:
+    from microbatch.runtime import Enrichment
+
+    src = flow().source(KafkaSource(topics=("t",)))
+    with pytest.raises(ConfigError, match="enrich\\(\\) goes right after source"):
+        src.map(lambda r: r).enrich(Enrichment(lambda: None))
+
+
+def test_a_single_keyed_step_with_event_time_builds_like_a_pipeline() -> None:
+    f = flow(event_time=EventTime(field="ts"))
+    agg = windows.tumbling("1m").count().final()
+    f.source(KafkaSource(topics=("t",))).key_by("k").window(agg, uid="w").to(sink("o"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe = f.build()
+    assert pipe.process is agg and pipe.steps == () and pipe.taps == (Tap("o"),)
