@@ -167,3 +167,36 @@ def test_each_steps_state_is_read_by_its_uid(clean) -> None:
     steps = describe_checkpoint(store, Layout(), manifest.checkpoint_id)["steps"]
     assert steps["merchant"]["keys"] == 3
     assert steps["merchant"]["process"].endswith("payments.MerchantTotals")
+
+
+def test_a_batch_is_one_spark_query_with_one_exchange_per_keyed_step(
+    spark, kafka_settings, topic, tmp_path
+) -> None:
+    pipe = _capped(payments_dataflow(topic, str(tmp_path)), 60)
+    runner = BatchRunner(spark, pipe, kafka_settings)
+    group = f"dataflow-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "one dataflow batch")
+    try:
+        runner.run(BatchOptions(run_id="plan"))
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    plan = runner.executor.last_frame._jdf.queryExecution().executedPlan().toString()
+    final = plan.split("== Initial Plan ==")[0]  # adaptive execution: the plan that ran
+    exchanges = [line for line in final.splitlines() if "+- Exchange" in line]
+    assert len(exchanges) == 2, plan  # the card step's and the merchant step's
+    # One query (one action): adaptive execution submits each shuffle stage as a job of
+    # its own, then the result stage; nothing else reads Kafka or recomputes a step.
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(group)
+    assert len(jobs) == len(exchanges) + 1, f"a dataflow batch ran {len(jobs)} Spark jobs"
+
+
+def test_a_replay_rolls_back_every_steps_state_and_output(
+    clean, spark, kafka_settings, topic, tmp_path
+) -> None:
+    pipe = _capped(payments_dataflow(topic, str(tmp_path)), 41)
+    for run in ("r0", "r1", "r2"):
+        BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id=run))
+    BatchRunner(spark, pipe, kafka_settings).replay_from(0)
+    for run in ("again1", "again2"):
+        BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id=run))
+    assert outcome(tmp_path) == clean["outcome"]

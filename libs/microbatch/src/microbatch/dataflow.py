@@ -40,9 +40,11 @@ from microbatch.runtime.pipeline import (
     DeadLetterSink,
     Enrichment,
     EventTime,
+    Input,
     KafkaSource,
     OnProcessError,
     Pipeline,
+    combined_source,
 )
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.steps import Chain, KeyedStep, Stateless, Tap
@@ -67,8 +69,10 @@ class _Keyed:
     key_by: Key
     process: KeyedProcessFunction
     before: Chain
-    parent: _Keyed | None  # None: the source
+    parent: _Keyed | None  # None: the sources
     taps: list[Tap] = dataclasses.field(default_factory=list)
+    #: The first keyed step: each source's stateless steps before it (by source index).
+    inputs: dict[int, Chain] = dataclasses.field(default_factory=dict)
 
 
 class Dataflow:
@@ -104,28 +108,26 @@ class Dataflow:
             "lease_timeout_s": lease_timeout_s,
             "drop_state": tuple(drop_state),
         }
-        self._source: KafkaSource | None = None
+        self._sources: list[KafkaSource] = []
         self._enrich: Enrichment | None = None
         self._steps: list[_Keyed] = []
         self._sinks: list[Sink] = []
         self._source_taps: list[str] = []
 
     def source(self, source: KafkaSource) -> Stream:
-        """The stream of the source's records (one source per dataflow for now)."""
-        if self._source is not None:
-            raise ConfigError(
-                f"dataflow {self.name!r}: it already has a source (topics "
-                f"{list(self._source.topics)}); one KafkaSource may list several topics"
-            )
+        """The stream of a source's records. A dataflow may read several sources, each
+        with its own decoding (``decoder`` or ``value_schema``), joined by
+        :meth:`Stream.union` before the first keyed step; they are read in one plan, so
+        they share ``starting``, the batch limits and the reader."""
         if not isinstance(source, KafkaSource):
             raise ConfigError(f"dataflow {self.name!r}: source must be a KafkaSource: {source!r}")
-        self._source = source
-        return Stream(self, None, ())
+        self._sources.append(source)
+        return Stream(self, None, (), {len(self._sources) - 1: ()})
 
     def build(self) -> Pipeline:
         """The pipeline this dataflow is: checked, ready for the runner."""
         where = f"dataflow {self.name!r}"
-        if self._source is None:
+        if not self._sources:
             raise ConfigError(f"{where}: no source; start with flow.source(KafkaSource(...))")
         if self._source_taps:
             raise ConfigError(
@@ -134,13 +136,28 @@ class Dataflow:
                 "keyed step before it"
             )
         first, *rest = self._spine(where)
+        unread = [s for i, s in enumerate(self._sources) if i not in first.inputs]
+        if unread:
+            topics = ", ".join(t for s in unread for t in s.topics)
+            raise ConfigError(
+                f"{where}: the source of {topics} feeds no keyed step; union() it into the "
+                f"stream of the first keyed step {first.uid!r} (a source feeding a later "
+                "step is not supported yet)"
+            )
+        if len(self._sources) == 1:
+            source, prefix, inputs = self._sources[0], first.inputs[0], ()
+        else:
+            source = combined_source(self._sources, where)
+            prefix = ()
+            inputs = tuple(Input(s, first.inputs[i]) for i, s in enumerate(self._sources))
         return Pipeline(
             name=self.name,
-            source=self._source,
+            source=source,
+            inputs=inputs,
             enrich=self._enrich,
             key_by=first.key_by,
             process=first.process,
-            prefix=first.before,
+            prefix=prefix,
             uid=first.uid,
             taps=tuple(first.taps),
             steps=tuple(
@@ -208,16 +225,46 @@ class Dataflow:
 class Stream:
     """Records flowing out of the source or of a keyed step, after stateless steps."""
 
-    def __init__(self, flow: Dataflow, origin: _Keyed | None, chain: Chain) -> None:
+    def __init__(
+        self,
+        flow: Dataflow,
+        origin: _Keyed | None,
+        chain: Chain,
+        inputs: dict[int, Chain] | None = None,
+    ) -> None:
         self._flow = flow
         self._origin = origin
         self._chain = chain
+        #: Before the first keyed step: each source's steps so far, by source index.
+        self._inputs = inputs or {}
 
     def _then(self, kind: str, fn: Callable[[Any], Any], name: str | None) -> Stream:
-        n = len(self._chain) + 1
+        n = max([len(self._chain), *map(len, self._inputs.values())]) + 1
         after = "source" if self._origin is None else self._origin.uid
         step = Stateless(kind, fn, name or f"{after}.{kind}-{n}")  # type: ignore[arg-type]
-        return Stream(self._flow, self._origin, (*self._chain, step))
+        inputs = {i: (*chain, step) for i, chain in self._inputs.items()}
+        return Stream(self._flow, self._origin, (*self._chain, step), inputs)
+
+    def union(self, *others: Stream) -> Stream:
+        """One stream of this one's records and ``others``': sources (each after its own
+        stateless steps) merged before the first keyed step."""
+        inputs = dict(self._inputs)
+        for other in (self, *others):
+            if other._flow is not self._flow or other._origin is not None:
+                raise ConfigError(
+                    f"dataflow {self._flow.name!r}: union() merges streams of this "
+                    "dataflow's sources before their first keyed step (a union after a "
+                    "keyed step is not supported yet)"
+                )
+        for other in others:
+            for i, chain in other._inputs.items():
+                if i in inputs:
+                    raise ConfigError(
+                        f"dataflow {self._flow.name!r}: the source of "
+                        f"{list(self._flow._sources[i].topics)} is in the union twice"
+                    )
+                inputs[i] = chain
+        return Stream(self._flow, None, (), inputs)
 
     def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
         """Each record becomes ``fn(record)``."""
@@ -235,10 +282,11 @@ class Stream:
         """Async I/O enrichment of the source's records (``microbatch.enrich``): right
         after the source, before other steps."""
         flow = self._flow
-        if self._origin is not None or self._chain or flow._enrich is not None:
+        fresh = self._origin is None and not any(self._inputs.values())
+        if not fresh or flow._enrich is not None or len(self._inputs) != 1:
             raise ConfigError(
-                f"dataflow {flow.name!r}: enrich() goes right after source(), once; "
-                "enriching after other steps is not supported yet"
+                f"dataflow {flow.name!r}: enrich() goes right after source(), once, with "
+                "one source; enriching after other steps is not supported yet"
             )
         if not isinstance(enrichment, Enrichment):
             raise ConfigError(f"dataflow {flow.name!r}: enrich() takes an Enrichment")
@@ -290,7 +338,8 @@ class KeyedStream:
         if uid is None:
             uid = flow._default_uid(fn)
         check_name("step uid", uid)
-        step = _Keyed(uid, self._key, fn, self._stream._chain, self._stream._origin)
+        stream = self._stream
+        step = _Keyed(uid, self._key, fn, stream._chain, stream._origin, inputs=stream._inputs)
         flow._add_step(step)
         for sink in outputs:
             flow._add_sink(sink)

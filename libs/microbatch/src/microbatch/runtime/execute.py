@@ -29,7 +29,7 @@ from microbatch.kafka.spark_source import choose_reader, connector_problem, read
 from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
 from microbatch.runtime.pipeline import Pipeline, columnar_values
 from microbatch.runtime.records import InstanceResult
-from microbatch.runtime.spine import run_spine, step_results
+from microbatch.runtime.spine import spine_frame, step_results
 from microbatch.runtime.stage_one import ReadingStageOne, StageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
 from microbatch.settings import Settings
@@ -80,6 +80,8 @@ class SparkExecutor:
         self.pipeline = pipeline
         self.settings = settings
         self.broker = broker
+        #: The DataFrame of the last dataflow batch (for its plan: ``explain()``).
+        self.last_frame: Any = None
         ship_user_code(pipeline)
 
     @property
@@ -137,7 +139,9 @@ class SparkExecutor:
             process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
             envelopes, reader = self.stage_one(plan, process, pending)
             rows = envelopes.unionByName(rows)
-        first, steps = step_results(run_spine(rows, stage), stage)
+        frame = spine_frame(rows, stage)
+        self.last_frame = frame  # what ran: its plan shows one exchange per keyed step
+        first, steps = step_results(frame.collect(), stage)
         return Execution(merged_results(first, steps), reader, steps)
 
     def stage_one(
@@ -303,6 +307,8 @@ def ship_user_code(pipeline: Pipeline) -> None:
 
     objs: list[Any] = [pipeline.process, pipeline.source.decoder, pipeline.key_by]
     objs += [s.fn for s in pipeline.prefix]
+    for i in pipeline.inputs:
+        objs += [i.source.decoder, *(s.fn for s in i.prefix)]
     for step in pipeline.steps:
         objs += [step.process, step.key_by, *(s.fn for s in step.before)]
         objs += [s.fn for tap in step.taps for s in tap.chain]

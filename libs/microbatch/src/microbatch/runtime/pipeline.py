@@ -232,6 +232,10 @@ class Pipeline:
     #: given a function of another class (whose state would not fit). Without it, either
     #: is refused, naming the step.
     drop_state: Sequence[str] = ()
+    #: Several sources (a dataflow's ``union``): each with its own decoding and stateless
+    #: steps before the first key; ``source`` is then what they read together (every
+    #: topic, their shared starting position and limits) and ``prefix`` is empty.
+    inputs: Sequence[Input] = ()
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)
@@ -239,6 +243,8 @@ class Pipeline:
         object.__setattr__(self, "prefix", tuple(self.prefix))
         object.__setattr__(self, "steps", tuple(self.steps))
         object.__setattr__(self, "drop_state", tuple(self.drop_state))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        check_inputs(self)
         if self.taps is not None:
             object.__setattr__(self, "taps", tuple(self.taps))
         where = f"pipeline {self.name!r}"
@@ -322,6 +328,61 @@ class Pipeline:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One of several sources: how its records are decoded (its ``KafkaSource``'s
+    ``decoder`` or ``value_schema``) and the stateless steps they go through before the
+    first keyed step."""
+
+    source: KafkaSource
+    prefix: tuple[Stateless, ...] = ()
+
+
+#: What several sources must agree on: one plan reads them together.
+_SHARED = ("starting", "max_records_per_partition", "max_records_per_batch",
+           "on_out_of_range", "reader")  # fmt: skip
+
+
+def combined_source(sources: Sequence[KafkaSource], where: str) -> KafkaSource:
+    """The one KafkaSource that several read as: every topic once, the shared settings."""
+    first = sources[0]
+    topics: list[str] = []
+    for src in sources:
+        for name in _SHARED:
+            if getattr(src, name) != getattr(first, name):
+                raise ConfigError(
+                    f"{where}: the sources of topics {list(first.topics)} and "
+                    f"{list(src.topics)} differ in {name} ({getattr(first, name)!r} vs "
+                    f"{getattr(src, name)!r}); several sources read in one plan must agree"
+                )
+        for t in src.topics:
+            if t in topics:
+                raise ConfigError(f"{where}: topic {t!r} is read by two sources; read it once")
+            topics.append(t)
+    return dataclasses.replace(first, topics=tuple(topics), decoder=json_decoder, value_schema=None)
+
+
+def check_inputs(pipeline: Pipeline) -> None:
+    if not pipeline.inputs:
+        return
+    where = f"pipeline {pipeline.name!r}"
+    if pipeline.prefix:
+        raise ConfigError(f"{where}: with several inputs, each input has its own prefix")
+    if pipeline.enrich is not None:
+        raise ConfigError(f"{where}: enrichment of several sources is not supported yet")
+    combined = combined_source([i.source for i in pipeline.inputs], where)
+    if pipeline.source.topics != combined.topics:
+        raise ConfigError(
+            f"{where}: source must read the inputs' topics {list(combined.topics)}, "
+            f"not {list(pipeline.source.topics)}"
+        )
+
+
+def input_of(pipeline: Pipeline) -> dict[str, Input]:
+    """Each topic's input (empty for a single source)."""
+    return {t: i for i in pipeline.inputs for t in i.source.topics}
+
+
 def type_name(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
@@ -334,7 +395,7 @@ def check_value_schema(pipeline: Pipeline) -> None:
     """With a declared schema, ``key_by`` and the event-time field must be fields of it,
     of types a key and an event time can have."""
     schema = pipeline.source.value_schema
-    if schema is None or pipeline.prefix:  # stateless steps may reshape the records
+    if schema is None or pipeline.prefix or pipeline.inputs:  # steps may reshape records
         return
     where = f"pipeline {pipeline.name!r}"
     fields = {f.name: f for f in schema.arrow_schema}
@@ -374,7 +435,7 @@ def columnar_values(pipeline: Pipeline) -> Any:
     travel as payloads (no declared schema, or enrichment or stateless steps, which work
     on records)."""
     schema = pipeline.source.value_schema
-    if schema is None or pipeline.enrich is not None or pipeline.prefix:
+    if schema is None or pipeline.enrich is not None or pipeline.prefix or pipeline.inputs:
         return None
     return schema.arrow_schema
 

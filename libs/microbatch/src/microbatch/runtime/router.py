@@ -24,9 +24,11 @@ from microbatch.runtime.envelope import (
     encode_payload,
 )
 from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.stage_one import event_time_ms
 from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, run_chain
 
 DeadLetter = Callable[..., None]
+_KEYS_REMEMBERED = 100_000  # string keys of the next step whose placement is kept
 
 
 def step_index(pipeline: Pipeline, uid: str | None) -> int:
@@ -79,6 +81,10 @@ class Router:
         self.next = next_step(pipeline, uid)
         self.forward = EnvelopeBuilder()
         self._count: Counter[int] = Counter()
+        self._keys: dict[str, tuple[bytes, int, int]] = {}
+        et = pipeline.event_time
+        self._time_field = None if et is None else et.field
+        self._windowed = getattr(self.next.process if self.next else None, "columnar", False)
         self._marker = f"@{uid or pipeline.uid or ''}"
 
     def emit(self, emitted: Sequence[tuple[str | None, Any]], key_group: int) -> None:
@@ -134,7 +140,11 @@ class Router:
                              raw_value=_json(record))  # fmt: skip
             return
         try:
-            key_bytes = encode_key(key)
+            known = self._keys.get(key) if type(key) is str else None
+            if known is None:
+                known = self._place(encode_key(key))
+                if type(key) is str and len(self._keys) < _KEYS_REMEMBERED:
+                    self._keys[key] = known
             payload = encode_payload(record)
         except MicrobatchError as e:
             self.dead_letter("bad_key", f"{where}: {e}", raw_value=_json(record))
@@ -142,28 +152,33 @@ class Router:
         ts = self._event_time(record, where)
         if ts is False:
             return
-        maxp = self.pipeline.max_parallelism
-        kg = key_group_of_bytes(key_bytes, maxp)
+        key_bytes, kg, instance = known
         n = self._count[key_group]
         self._count[key_group] += 1
-        instance = operator_index(kg, maxp, self.parallelism)
         self.forward.record(self._marker, key_group, n, 0, instance, kg, key_bytes, ts, payload)
+
+    def _place(self, key_bytes: bytes) -> tuple[bytes, int, int]:
+        """(key bytes, key-group, instance) of a key of the next step."""
+        maxp = self.pipeline.max_parallelism
+        kg = key_group_of_bytes(key_bytes, maxp)
+        return key_bytes, kg, operator_index(kg, maxp, self.parallelism)
 
     def _event_time(self, record: Any, where: str) -> int | bool | None:
         """The record's event time for the next step (None: it has none), or False after
-        dead-lettering a record a window cannot place."""
-        from microbatch.runtime.stage_one import event_time_ms
-
-        et = self.pipeline.event_time
-        raw = record.get(et.field) if et is not None and isinstance(record, dict) else None
-        windowed = getattr(self.next.process if self.next else None, "columnar", False)
+        dead-lettering a record a window cannot place. A window's output row without the
+        event-time field takes its window's last millisecond, as in Flink."""
+        field = self._time_field
+        raw = record.get(field) if field is not None and type(record) is dict else None
+        if raw is None and isinstance(record, dict) and isinstance(record.get("window_end"), int):
+            raw = record["window_end"] - 1
         if raw is None:
-            if windowed:
-                field = et.field if et else None
+            if self._windowed:
                 error = f"{where}: a window needs the event-time field {field!r}"
                 self.dead_letter("missing_event_time", error, raw_value=_json(record))
                 return False
             return None
+        if type(raw) is int:
+            return raw
         try:
             return event_time_ms(raw)
         except (ValueError, TypeError, OverflowError) as e:

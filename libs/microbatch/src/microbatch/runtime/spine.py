@@ -32,9 +32,9 @@ def step_stages(stage: StageTwo) -> list[StageTwo]:
     return [stage, *(stage.for_step(s.uid) for s in stage.pipeline.steps)]
 
 
-def run_spine(rows: Any, stage: StageTwo) -> list[Any]:
-    """Every keyed step over ``rows`` (stage 1's envelope rows and ticks, a DataFrame);
-    the collected ``result`` rows of all steps' instances."""
+def spine_frame(rows: Any, stage: StageTwo) -> Any:
+    """Every keyed step over ``rows`` (stage 1's envelope rows and ticks, a DataFrame):
+    the DataFrame of all steps' ``result`` rows, not yet computed."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     plain = from_arrow_schema(ENVELOPE_SCHEMA)
@@ -42,7 +42,7 @@ def run_spine(rows: Any, stage: StageTwo) -> list[Any]:
         rows = rows.repartitionById(stage.parallelism, "instance").mapInArrow(
             step_instance(step), plain
         )
-    return list(rows.collect())
+    return rows
 
 
 def step_instance(stage: StageTwo) -> Body:

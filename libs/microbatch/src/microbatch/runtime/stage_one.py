@@ -34,9 +34,15 @@ from microbatch.runtime.envelope import (
     unkeyed_instance,
 )
 from microbatch.runtime.faults import crash_if
-from microbatch.runtime.pipeline import Pipeline, columnar_values, json_decoder
+from microbatch.runtime.pipeline import (
+    KafkaSource,
+    Pipeline,
+    columnar_values,
+    input_of,
+    json_decoder,
+)
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
-from microbatch.runtime.steps import StepFailed, run_chain
+from microbatch.runtime.steps import StepFailed, filters_only, run_chain
 
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
@@ -99,9 +105,10 @@ def fast_json_decoder(value: bytes) -> Any:
     return json.loads(value)
 
 
-def source_decoder(pipeline: Pipeline) -> Any:
-    """The pipeline's value decoder; the default (``json_decoder``) as its fast twin."""
-    decoder = pipeline.source.decoder
+def source_decoder(source: Pipeline | KafkaSource) -> Any:
+    """The value decoder of a pipeline's source (or of a source); the default
+    (``json_decoder``) as its fast twin."""
+    decoder = (source.source if isinstance(source, Pipeline) else source).decoder
     return fast_json_decoder if decoder is json_decoder else decoder
 
 
@@ -201,17 +208,37 @@ class StageOne:
             raise _Bad("bad_key", str(e)) from e
         return key_bytes, key_group_of_bytes(key_bytes, self.pipeline.max_parallelism)
 
-    def decode(self, value: bytes | None) -> Any:
+    @functools.cached_property
+    def _inputs(self) -> dict[str, tuple[Any, Any, tuple[Any, ...]]]:
+        """Per topic of several sources: (value schema, decoder, stateless prefix)."""
+        return {
+            topic: (i.source.value_schema, source_decoder(i.source), i.prefix)
+            for topic, i in input_of(self.pipeline).items()
+        }
+
+    @property
+    def has_prefix(self) -> bool:
+        """Do records go through stateless steps (or several sources' own) in stage 1?"""
+        return bool(self.pipeline.prefix or self.pipeline.inputs)
+
+    def prefix_of(self, topic: str) -> tuple[Any, ...]:
+        if self.pipeline.inputs:
+            return self._inputs[topic][2]
+        return self.pipeline.prefix
+
+    def decode(self, value: bytes | None, topic: str | None = None) -> Any:
         if value is None:
             raise _Bad("undecodable", "record has no value (tombstone)")
-        schema = self.pipeline.source.value_schema
+        schema, decoder = self.pipeline.source.value_schema, self._decoder
+        if self.pipeline.inputs:
+            schema, decoder, _ = self._inputs[topic or ""]
         if schema is not None:  # with enrichment: records stay Python, checked one by one
             try:
                 return schema.decode_record(value)
             except SchemaMismatch as e:
                 raise _Bad(SCHEMA_MISMATCH, str(e)) from e
         try:
-            return self._decoder(value)
+            return decoder(value)
         except Exception as e:
             raise _Bad("undecodable", error_text(e)) from e
 
@@ -238,9 +265,9 @@ class StageOne:
                 topics, parts, offs, rkeys, rvalues, strict=True
             ):
                 try:
-                    record = self.decode(rvalue)
-                    if self.pipeline.prefix:
-                        self.add_records(out, topic, part, off, record)
+                    record = self.decode(rvalue, topic)
+                    if self.has_prefix:
+                        self.add_records(out, topic, part, off, record, raw=rvalue)
                     else:
                         self.add_record(out, topic, part, off, 0, record, raw=rvalue)
                 except _Bad as bad:
@@ -275,7 +302,7 @@ class StageOne:
                     topics, parts, offs, rkeys, rvalues, strict=True
                 ):
                     try:
-                        record = self.decode(rvalue)
+                        record = self.decode(rvalue, topic)
                     except _Bad as bad:
                         out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
                                  rkey, rvalue)  # fmt: skip
@@ -298,7 +325,7 @@ class StageOne:
                 previous = coords
                 topic, part, off = coords
                 try:
-                    if self.pipeline.prefix:
+                    if self.has_prefix:
                         self.add_records(out, topic, part, off, o.value, seq)
                     else:
                         self.add_record(out, topic, part, off, seq, o.value)
@@ -320,24 +347,45 @@ class StageOne:
             return out.build(inputs, self.parallelism)
 
     def add_records(
-        self, out: EnvelopeBuilder, topic: str, part: int, off: int, record: Any, seq: int = 0
+        self,
+        out: EnvelopeBuilder,
+        topic: str,
+        part: int,
+        off: int,
+        record: Any,
+        seq: int = 0,
+        raw: bytes | None = None,
     ) -> None:
         """The pipeline's stateless prefix on ``record``, each result appended as a keyed
         row (numbered after ``seq``); raises ``_Bad`` (nothing appended) if a step raises
-        or a result is unfit. A record the prefix filters out leaves no row."""
+        or a result is unfit. A record the prefix filters out leaves no row. ``raw``: the
+        source bytes, handed on when the prefix only filters (of a single source)."""
+        prefix = self.prefix_of(topic)
+        if raw is not None and not self.pipeline.inputs and filters_only(prefix):
+            try:
+                kept = run_chain(prefix, record)
+            except StepFailed as e:
+                raise self._step_failed(e, topic, part, off) from e
+            if kept:
+                self.add_record(out, topic, part, off, seq, record, raw=raw)
+            return
         try:
-            records = run_chain(self.pipeline.prefix, record)
+            records = run_chain(prefix, record)
         except StepFailed as e:
-            if self.pipeline.on_process_error == "fail":
-                raise ProcessError(
-                    f"pipeline {self.pipeline.name!r} stage 1: {e} on {topic}[{part}]@{off}. "
-                    "Fix the function, or set on_process_error='dead_letter'."
-                ) from e
-            raise _Bad("step_failed", str(e)) from e
+            raise self._step_failed(e, topic, part, off) from e
         builder = EnvelopeBuilder()
         for i, r in enumerate(records):
             self.add_record(builder, topic, part, off, seq * 1024 + i, r)
         out.rows.extend(builder.rows)
+
+    def _step_failed(self, e: StepFailed, topic: str, part: int, off: int) -> Exception:
+        """What a failed stateless step raises: the batch's failure, or a dead letter."""
+        if self.pipeline.on_process_error == "fail":
+            return ProcessError(
+                f"pipeline {self.pipeline.name!r} stage 1: {e} on {topic}[{part}]@{off}. "
+                "Fix the function, or set on_process_error='dead_letter'."
+            )
+        return _Bad("step_failed", str(e))
 
     def add_record(
         self,
@@ -411,6 +459,7 @@ class _SourceBytes:
 
 def payload_decoder(pipeline: Pipeline) -> Any:
     """How stage 2 turns a record's payload back into the record (see ``add_record``)."""
-    if pipeline.enrich is not None or pipeline.prefix:  # records no longer the source's
+    changed = pipeline.prefix and not filters_only(pipeline.prefix)
+    if pipeline.enrich is not None or changed or pipeline.inputs:  # not the source's bytes
         return decode_payload
     return source_decoder(pipeline)

@@ -58,6 +58,12 @@ class Stateless:
 Chain = tuple[Stateless, ...]
 
 
+def filters_only(chain: Sequence[Stateless]) -> bool:
+    """Does ``chain`` only drop records (never change one)? Then a record that passes
+    still is its source bytes, and stage 1 hands those on instead of re-encoding it."""
+    return all(step.kind == "filter" for step in chain)
+
+
 def run_chain(chain: Sequence[Stateless], record: Any) -> list[Any]:
     """The records ``record`` becomes after ``chain`` (none, one or several), in order;
     raises :class:`StepFailed` naming the step whose function raised."""

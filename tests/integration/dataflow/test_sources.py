@@ -1,0 +1,98 @@
+"""Several sources in one dataflow: each decoded its own way and tagged by its own
+steps, merged by union() into one keyed step; one plan reads both topics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from microbatch.dataflow import Dataflow
+from microbatch.errors import ConfigError
+from microbatch.runtime import (
+    BatchOptions,
+    BatchRunner,
+    DeadLetterSink,
+    KafkaSource,
+    KeyedProcessFunction,
+    ParquetSink,
+)
+from microbatch.sinks import read_parquet_sink
+from tests.integration.runtime.test_batches import new_topic, produce
+
+pytestmark = pytest.mark.integration
+
+
+def csv_refund(value: bytes) -> dict[str, Any]:
+    customer, amount = value.decode().split(",")
+    return {"customer": customer, "amount": int(amount)}
+
+
+class NetSpend(KeyedProcessFunction):
+    def process(self, key: Any, records: Any, ctx: Any) -> None:
+        net = ctx.value("net")
+        for r in records:
+            net.set(net.get(0) + (r["amount"] if r["kind"] == "order" else -r["amount"]))
+        ctx.emit({"customer": key, "net": net.get()})
+
+
+def test_two_sources_meet_in_one_keyed_step(spark, kafka_settings, bootstrap, admin, tmp_path):
+    orders_topic, refunds_topic = new_topic(admin, 2), new_topic(admin, 1)
+    orders = [json.dumps({"customer": f"u{i % 4}", "amount": 10 + i}).encode() for i in range(40)]
+    refunds = [f"u{i % 4},{i}".encode() for i in range(12)] + [b"no-comma"]
+    produce(bootstrap, orders_topic, orders)
+    produce(bootstrap, refunds_topic, refunds)
+
+    flow = Dataflow(
+        "net-spend",
+        checkpoints=f"{tmp_path}/checkpoints",
+        dead_letters=DeadLetterSink(path=f"{tmp_path}/dead"),
+        max_parallelism=8,
+        parallelism=2,
+    )
+    order_stream = flow.source(KafkaSource(topics=(orders_topic,))).map(
+        lambda r: {**r, "kind": "order"}
+    )
+    refund_stream = flow.source(KafkaSource(topics=(refunds_topic,), decoder=csv_refund)).map(
+        lambda r: {**r, "kind": "refund"}
+    )
+    order_stream.union(refund_stream).key_by("customer").process(NetSpend(), uid="net").to(
+        ParquetSink("net", f"{tmp_path}/net")
+    )
+    pipeline = flow.build()
+    assert set(pipeline.source.topics) == {orders_topic, refunds_topic}
+
+    result = BatchRunner(spark, pipeline, kafka_settings).run(BatchOptions(run_id="one"))
+    assert result.records_in == len(orders) + len(refunds)
+
+    want: dict[str, int] = {}
+    for v in orders:
+        o = json.loads(v)
+        want[o["customer"]] = want.get(o["customer"], 0) + o["amount"]
+    for v in refunds[:-1]:
+        r = csv_refund(v)
+        want[r["customer"]] -= r["amount"]
+    got = {r["customer"]: r["net"] for r in read_parquet_sink(str(tmp_path / "net")).to_pylist()}
+    assert got == want
+    dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
+    assert [(d["reason"], d["topic"]) for d in dead] == [("undecodable", refunds_topic)]
+
+
+def test_a_source_that_feeds_no_keyed_step_is_refused(tmp_path) -> None:
+    flow = Dataflow("x", checkpoints=str(tmp_path))
+    flow.source(KafkaSource(topics=("a",))).key_by("k").process(NetSpend(), uid="n").to(
+        ParquetSink("o", str(tmp_path / "o"))
+    )
+    flow.source(KafkaSource(topics=("b",)))
+    with pytest.raises(ConfigError, match="the source of b feeds no keyed step"):
+        flow.build()
+
+
+def test_sources_read_in_one_plan_must_agree_on_where_to_start(tmp_path) -> None:
+    flow = Dataflow("x", checkpoints=str(tmp_path))
+    a = flow.source(KafkaSource(topics=("a",)))
+    b = flow.source(KafkaSource(topics=("b",), starting="latest"))
+    a.union(b).key_by("k").process(NetSpend(), uid="n").to(ParquetSink("o", str(tmp_path)))
+    with pytest.raises(ConfigError, match="differ in starting"):
+        flow.build()

@@ -1,0 +1,87 @@
+"""A window as the first keyed step, its rows re-keyed into a process function with
+timers: the window's rows carry their window's time downstream."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from microbatch import windows
+from microbatch.dataflow import Dataflow
+from microbatch.runtime import (
+    BatchOptions,
+    BatchRunner,
+    EventTime,
+    KafkaSource,
+    KeyedProcessFunction,
+    ParquetSink,
+)
+from microbatch.sinks import read_parquet_sink
+from tests.integration.runtime.test_batches import new_topic, produce
+
+pytestmark = pytest.mark.integration
+
+
+class BusiestWindow(KeyedProcessFunction):
+    """Per window start (all cards): remembers the largest sum; reports it when the
+    watermark passes the window (a timer at the window's end)."""
+
+    def process(self, key: Any, records: Any, ctx: Any) -> None:
+        best = ctx.value("best")
+        for r in records:
+            if r["sum_amount"] > best.get({"sum_amount": -1})["sum_amount"]:
+                best.set({"card": r["key"], "sum_amount": r["sum_amount"]})
+            ctx.register_timer(r["window_end"])
+
+    def on_timer(self, key: Any, timestamp_ms: int, ctx: Any) -> None:
+        ctx.emit({"window_start": key, **ctx.value("best").get()})
+
+
+def test_window_rows_flow_into_a_keyed_step_with_timers(
+    spark, kafka_settings, bootstrap, admin, tmp_path
+) -> None:
+    values = [
+        json.dumps({"card": f"c{i % 5}", "amount": (i * 7) % 50 + i % 5, "ts": 1_000 * i}).encode()
+        for i in range(100)
+    ]
+    topic = new_topic(admin, 2)
+    produce(bootstrap, topic, values)
+    flow = Dataflow(
+        "busiest",
+        checkpoints=f"{tmp_path}/checkpoints",
+        event_time=EventTime(field="ts", idle_timeout_s=None),
+        max_parallelism=8,
+        parallelism=2,
+    )
+    (
+        flow.source(KafkaSource(topics=(topic,), max_records_per_batch=40))
+        .key_by("card")
+        .window(windows.tumbling("10s").sum("amount").final(), uid="per-card")
+        .key_by("window_start")
+        .process(BusiestWindow(), uid="busiest")
+        .to(ParquetSink("busiest", f"{tmp_path}/busiest"))
+    )
+    pipeline = flow.build()
+    results = [
+        BatchRunner(spark, pipeline, kafka_settings).run(BatchOptions(run_id=f"r{i}"))
+        for i in range(4)
+    ]
+    watermark = results[-1].watermark
+    sums: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for v in values:
+        p = json.loads(v)
+        sums[p["ts"] // 10_000 * 10_000][p["card"]] += p["amount"]
+    want = []
+    for start, cards in sorted(sums.items()):
+        if start + 10_000 <= watermark:  # the window closed, and its timer downstream fired
+            card, total = max(cards.items(), key=lambda kv: (kv[1], -int(kv[0][1:])))
+            want.append({"window_start": start, "card": card, "sum_amount": total})
+    got = read_parquet_sink(str(tmp_path / "busiest")).to_pylist()
+    got = sorted(got, key=lambda r: r["window_start"])
+    assert len(want) >= 5
+    assert [(r["window_start"], r["sum_amount"]) for r in got] == [
+        (r["window_start"], r["sum_amount"]) for r in want
+    ]
