@@ -329,6 +329,13 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     if step == pipeline.uid:
         step = None
     found = inspect_key(store, Layout(), key, checkpoint, step)
+    looked_in = (
+        "any operator"
+        if not pipeline.steps
+        else "the first keyed step"
+        if step is None
+        else f"step {step!r}"
+    )
     if found.empty:
         hint = (
             " (an int key? pass --int-key)"
@@ -336,8 +343,7 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             else ""
         )
         raise NotFoundError(
-            f"{where}: key {key!r} has no state and no timers in "
-            f"{'the first keyed step' if step is None else f'step {step!r}'} at checkpoint "
+            f"{where}: key {key!r} has no state and no timers in {looked_in} at checkpoint "
             f"{found.checkpoint_id} ({store.url}); it would be in key-group {found.key_group} "
             f"of {found.max_parallelism} (instance {found.instance} of {found.parallelism}). "
             f"Check the key's spelling and type{hint}, or look at an older checkpoint with "
