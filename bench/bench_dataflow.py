@@ -17,9 +17,9 @@ consumes the whole topic in one batch (P=2, max_parallelism 128, Parquet sinks):
 
 records/s = records / wall time (for the reference: both pipelines' batches); CPU-s of this
 process, the Spark JVM and its Python workers. Every engine first runs once, untimed, over
-a small warm-up topic; ``--repeat N`` (default 3) rotates the engines, and the table shows
-the median and the best of the rounds, with the load at each start. The alerts and the
-merchants' totals must be the same in both.
+a small warm-up topic; ``--repeat N`` (default 4: each engine goes first as often) rotates
+the engines, and the table shows the median and the best of the rounds, with the load at
+each start. The alerts and the merchants' totals must be the same in both.
 
 Where the dataflow's time goes: its batch phases and the stage-2 seconds of each keyed
 step's instances (restore, process, state, stage) from the batch's stats.
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--warmup", type=int, default=5_000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="30,000 records, 3 rounds")
+    parser.add_argument("--repeat", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="30,000 records")
     args = parser.parse_args(argv)
     if args.quick:
         args.records = 30_000

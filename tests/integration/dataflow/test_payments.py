@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
-from microbatch.runtime import BatchOptions, BatchRunner
+from microbatch.runtime import CRASH_POINTS, BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
 from tests.integration.dataflow.payments import payment, payments_dataflow, reference
@@ -104,7 +104,7 @@ def test_rescaling_between_batches_changes_no_output(
     assert outcome(tmp_path) == clean["outcome"]
 
 
-@pytest.mark.parametrize("crash_at", ["during_read", "after_state_files", "after_commit"])
+@pytest.mark.parametrize("crash_at", CRASH_POINTS)
 def test_a_crash_then_a_rerun_equals_the_clean_run(
     crash_at, clean, spark, kafka_settings, topic, tmp_path
 ) -> None:
