@@ -88,3 +88,28 @@ def test_load_job_whose_attribute_is_no_pipeline_names_it(tmp_path: Path) -> Non
 def test_load_missing_job_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_pipeline(str(tmp_path / "absent.py"))
+
+
+def test_load_job_naming_a_dataflow_builds_its_pipeline(tmp_path: Path) -> None:
+    job = tmp_path / "flow_job.py"
+    job.write_text(
+        textwrap.dedent(
+            """
+            from microbatch.dataflow import Dataflow
+            from microbatch.runtime import KafkaSource, KeyedProcessFunction, ParquetSink
+
+            class Echo(KeyedProcessFunction):
+                def process(self, key, records, ctx):
+                    for r in records:
+                        ctx.emit(r)
+
+            pipeline = Dataflow("flow", checkpoints="/tmp/flow")
+            first = pipeline.source(KafkaSource(topics=("t",))).key_by("k")
+            first.process(Echo(), uid="echo").key_by("j").process(Echo(), uid="again").to(
+                ParquetSink("out", "/tmp/flow-out")
+            )
+            """
+        )
+    )
+    loaded = load_pipeline(str(job))
+    assert loaded.name == "flow" and loaded.keyed_uids == ("echo", "again")

@@ -17,6 +17,7 @@ from pkgutil import extend_path
 # own src/ on sys.path, so the package's path must take in every microbatch/ folder there.
 __path__ = extend_path(__path__, __name__)
 
+from microbatch.dataflow import Dataflow
 from microbatch.errors import (
     BatchError,
     CheckpointError,
@@ -65,6 +66,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DataLossError",
+    "Dataflow",
     "DeadLetterSink",
     "Enrichment",
     "EnrichmentError",
