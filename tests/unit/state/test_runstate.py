@@ -142,3 +142,37 @@ def test_due_timers_are_found_without_reading_every_key(store) -> None:
     ref = inst.commit(1, 0)  # the fired timers leave the index
     again = Instance(store, [ref, *runs], 1, 0)
     assert load_due_timers(again.cache, again.runs, again.backend, 5_000, again.loaded) == 0
+
+
+def test_processing_time_timers_have_their_own_index_apart_from_event_time(store) -> None:
+    """A processing-time timer fires by the batch's processing time, never by the
+    watermark, survives the checkpoint (its own index), and leaves the index once fired."""
+    from microbatch.state.bundle import PROCESSING_TIMER
+
+    def arm(inst: Instance, keys: list[str]) -> None:
+        load_keys(inst.cache, inst.runs, inst.backend, [encode_key(u) for u in keys], inst.loaded)
+        for u in keys:
+            ctx = inst.backend.for_key(u)
+            ctx.value("n").set(1)
+            if u == "user-3":
+                ctx.register_processing_timer(2_000)
+            if u == "user-4":
+                ctx.register_timer(2_000)
+
+    runs = run_batch(store, [], 1, 0, users(50), arm)
+    inst = Instance(store, runs, 1, 0)
+    assert load_due_timers(inst.cache, runs, inst.backend, 10_000, inst.loaded) == 1  # user-4
+    assert inst.backend.advance_watermark(10_000)[0].key_bytes == encode_key("user-4")
+    assert inst.backend.advance_watermark(10_000) == []  # user-3's is not an event-time timer
+
+    due = load_due_timers(inst.cache, runs, inst.backend, 1_999, inst.loaded, PROCESSING_TIMER)
+    assert due == 0
+    due = load_due_timers(inst.cache, runs, inst.backend, 2_000, inst.loaded, PROCESSING_TIMER)
+    assert due == 1
+    fired = inst.backend.advance_processing_time(2_000)
+    assert [t.key_bytes for t in fired] == [encode_key("user-3")]
+    ref = inst.commit(1, 0)
+    again = Instance(store, [ref, *runs], 1, 0)
+    left = load_due_timers(again.cache, again.runs, again.backend, 9_999, again.loaded,
+                           PROCESSING_TIMER)  # fmt: skip
+    assert left == 0

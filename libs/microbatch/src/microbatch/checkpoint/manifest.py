@@ -75,18 +75,29 @@ class OperatorState:
     key_counts: tuple[int, ...]
     #: The class of the step's function (``module.QualName``): state is read by it only.
     process: str = ""
+    #: Processing-time timers per key-group (None: none).
+    processing_timer_counts: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "runs": [r.to_json() for r in self.runs],
             "key_counts": list(self.key_counts),
             "process": self.process,
         }
+        if self.processing_timer_counts is not None:
+            body["processing_timer_counts"] = list(self.processing_timer_counts)
+        return body
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> OperatorState:
         runs = tuple(RunRef.from_json(r) for r in body["runs"])
-        return cls(runs, tuple(body["key_counts"]), str(body.get("process", "")))
+        ptc = body.get("processing_timer_counts")
+        return cls(
+            runs,
+            tuple(body["key_counts"]),
+            str(body.get("process", "")),
+            None if ptc is None else tuple(ptc),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +122,8 @@ class Manifest:
     #: The uid of the keyed step whose state ``runs`` is (None: not named, as in a
     #: single-operator pipeline without uid).
     first_uid: str | None = None
+    #: Processing-time timers per key-group of the first step (None: none; sorted runs).
+    processing_timer_counts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         version = KEY_GROUP_FILES if self.runs is None else SORTED_RUNS
@@ -166,7 +179,13 @@ class Manifest:
         """This checkpoint as the one step ``uid`` sees it: that step's runs and key
         counts in place of the first step's (empty if the step has no state yet)."""
         op = self.operators.get(uid, OperatorState((), (0,) * self.max_parallelism))
-        return dataclasses.replace(self, runs=op.runs, key_counts=op.key_counts, operators={})
+        return dataclasses.replace(
+            self,
+            runs=op.runs,
+            key_counts=op.key_counts,
+            operators={},
+            processing_timer_counts=op.processing_timer_counts,
+        )
 
     @property
     def total_bytes(self) -> int:
@@ -221,6 +240,9 @@ class Manifest:
                 body["operators"] = {
                     uid: OperatorState.from_json(op) for uid, op in operators.items()
                 }
+            ptc = body.pop("processing_timer_counts", None)
+            if ptc is not None:
+                body["processing_timer_counts"] = tuple(ptc)
             runs = body.pop("runs", None)
             if runs is not None:
                 body["runs"] = tuple(RunRef.from_json(r) for r in runs)
@@ -244,6 +266,10 @@ def _body(m: Manifest) -> dict[str, Any]:
         del body["operators"]
     if m.first_uid is None:
         del body["first_uid"]
+    if m.processing_timer_counts is None:
+        del body["processing_timer_counts"]
+    else:
+        body["processing_timer_counts"] = list(m.processing_timer_counts)
     return body
 
 

@@ -76,8 +76,9 @@ def _write_run(
         store, layout, BlockCache(store), [], entries, target_id, index, uuid.uuid4().hex[:12], own
     )
     counts = {kg: loaded.key_count_changes.get(kg, 0) for kg in own}
+    timers = {kg: loaded.processing_timer_changes.get(kg, 0) for kg in own}
     return InstanceSnapshot(
-        index, own, {}, frozenset(), None, written.bytes_written, written.runs, counts
+        index, own, {}, frozenset(), None, written.bytes_written, written.runs, counts, timers
     )
 
 

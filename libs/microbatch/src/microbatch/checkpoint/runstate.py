@@ -33,7 +33,9 @@ from microbatch.keygroups import KeyGroupRange, key_group_of_bytes
 from microbatch.state import KeyedStateBackend
 from microbatch.state.blockcache import BlockCache, RunRef, lookup, scan
 from microbatch.state.bundle import (
+    PROCESSING_TIMER,
     STATE,
+    TIMER,
     decode_bundle,
     encode_bundle,
     parse_timer_key,
@@ -55,11 +57,15 @@ class Loaded:
     compares against them), and how many keys had state."""
 
     timers: dict[tuple[int, bytes], set[int]] = dataclasses.field(default_factory=dict)
+    #: Each loaded key's processing-time timers as they were.
+    processing_timers: dict[tuple[int, bytes], set[int]] = dataclasses.field(default_factory=dict)
     keys_found: int = 0
     #: The loaded keys that had state (for the key counts).
     found: set[tuple[int, bytes]] = dataclasses.field(default_factory=set)
     #: Key-group → keys with state gained (+) or lost (-), filled by changed_entries.
     key_count_changes: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Key-group → processing-time timers gained (+) or lost (-), likewise.
+    processing_timer_changes: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def load_keys(
@@ -85,6 +91,7 @@ def load_keys(
             loaded.keys_found += 1
             loaded.found.add((kg, kb))
         loaded.timers[kg, kb] = set(backend.timers.of_key(kg, kb))
+        loaded.processing_timers[kg, kb] = set(backend.processing_timers.of_key(kg, kb))
 
 
 def load_due_timers(
@@ -93,12 +100,15 @@ def load_due_timers(
     backend: KeyedStateBackend,
     watermark: int,
     loaded: Loaded,
+    kind: bytes = TIMER,
+    key_groups: Iterable[int] | None = None,
 ) -> int:
-    """Load every key of this instance with a timer due by ``watermark``; returns how
-    many timers are due."""
+    """Load every key of this instance with a timer due by ``watermark`` (``kind``
+    :data:`PROCESSING_TIMER`: by a processing time; ``key_groups``: only those of its
+    key-groups); returns how many timers are due."""
     due = []
-    for kg in backend.key_groups:
-        lo, hi = timers_until(kg, watermark)
+    for kg in backend.key_groups if key_groups is None else key_groups:
+        lo, hi = timers_until(kg, watermark, kind)
         due += [parse_timer_key(k) for k, _ in scan(cache, runs, lo, hi)]
     load_keys(cache, runs, backend, {kb for _, _, kb in due}, loaded)
     return len(due)
@@ -125,6 +135,13 @@ def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
         before = loaded.timers.get((kg, kb), set())
         out += [(timer_key(kg, ts, kb), b"") for ts in now - before]
         out += [(timer_key(kg, ts, kb), None) for ts in before - now]
+        now = set(backend.processing_timers.of_key(kg, kb))
+        before = loaded.processing_timers.get((kg, kb), set())
+        out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), b"") for ts in now - before]
+        out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), None) for ts in before - now]
+        if now != before:
+            ptc = loaded.processing_timer_changes
+            ptc[kg] = ptc.get(kg, 0) + len(now - before) - len(before - now)
     out.sort(key=lambda e: e[0])
     return out
 

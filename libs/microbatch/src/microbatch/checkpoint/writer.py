@@ -54,6 +54,8 @@ class InstanceSnapshot:
     runs: tuple[RunRef, ...] | None = None
     #: Sorted runs: keys with state per key-group of the instance.
     key_counts: Mapping[int, int] | None = None
+    #: Sorted runs: processing-time timers per key-group of the instance (None: none).
+    processing_timer_counts: Mapping[int, int] | None = None
 
     def acknowledge(self, backend: KeyedStateBackend) -> None:
         """Step 4: after the commit, the written key-groups are clean again."""
@@ -76,6 +78,9 @@ class InstanceSnapshot:
             "key_counts": None
             if self.key_counts is None
             else {str(kg): n for kg, n in self.key_counts.items()},
+            "processing_timer_counts": None
+            if self.processing_timer_counts is None
+            else {str(kg): n for kg, n in self.processing_timer_counts.items()},
         }
 
     @classmethod
@@ -94,6 +99,9 @@ class InstanceSnapshot:
             key_counts=None
             if body.get("key_counts") is None
             else {int(kg): n for kg, n in body["key_counts"].items()},
+            processing_timer_counts=None
+            if body.get("processing_timer_counts") is None
+            else {int(kg): n for kg, n in body["processing_timer_counts"].items()},
         )
 
 
@@ -198,7 +206,12 @@ def build_manifest(
     steps = {}
     for uid, snaps in (operators or {}).items():
         runs_of, counts_of = _merged_runs(checkpoint_id, snaps, max_parallelism, uid)
-        steps[uid] = OperatorState(runs_of, counts_of, types.get(uid, ""))
+        steps[uid] = OperatorState(
+            runs_of,
+            counts_of,
+            types.get(uid, ""),
+            processing_timer_counts(snaps, max_parallelism),
+        )
     return Manifest(
         checkpoint_id=checkpoint_id,
         pipeline_fingerprint=pipeline_fingerprint,
@@ -212,7 +225,20 @@ def build_manifest(
         key_counts=tuple(counts) if as_runs else None,
         operators=steps,
         first_uid=first_uid,
+        processing_timer_counts=processing_timer_counts(snapshots, max_parallelism),
     )
+
+
+def processing_timer_counts(
+    snapshots: Sequence[InstanceSnapshot], max_parallelism: int
+) -> tuple[int, ...] | None:
+    """Processing-time timers per key-group, None when there are none: a batch scans the
+    processing-time timer index of only the key-groups that have some."""
+    counts = [0] * max_parallelism
+    for snap in snapshots:
+        for kg, n in (snap.processing_timer_counts or {}).items():
+            counts[kg] = n
+    return tuple(counts) if any(counts) else None
 
 
 def _merged_runs(

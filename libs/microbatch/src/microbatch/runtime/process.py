@@ -10,9 +10,11 @@ Subclass :class:`KeyedProcessFunction`::
 
 ``process`` is called once per key per batch with that key's records of the batch, in a
 deterministic order (source topic, partition, offset). ``on_timer`` is called for each
-event-time timer the batch's watermark passes, in timestamp order. Both may read and write
-the key's state, register timers and emit records. Every operator instance runs every
-batch, even without input, so timers fire on time.
+event-time timer the batch's watermark passes, in timestamp order, then for each
+processing-time timer the batch's recorded processing time passes (``ctx.time_domain``
+says which; the processing time is the plan's, so a rerun fires the same timers). Both
+may read and write the key's state, register timers and emit records. Every operator
+instance runs every batch, even without input, so timers fire on time.
 """
 
 from __future__ import annotations
@@ -26,10 +28,18 @@ from microbatch.state.handles import KeyContext, ListState, MapState, ValueState
 class ProcessContext:
     """State, timers and output of the current key (valid during one call only)."""
 
-    def __init__(self, key_ctx: KeyContext, watermark: int | None, processing_time_ms: int) -> None:
+    def __init__(
+        self,
+        key_ctx: KeyContext,
+        watermark: int | None,
+        processing_time_ms: int,
+        time_domain: str = "event_time",
+    ) -> None:
         self._key_ctx = key_ctx
         self.watermark = watermark
         self.processing_time_ms = processing_time_ms
+        #: In ``on_timer``: ``"event_time"`` or ``"processing_time"``, the timer's kind.
+        self.time_domain = time_domain
         self.emitted: list[tuple[str | None, Any]] = []
 
     @property
@@ -55,6 +65,17 @@ class ProcessContext:
     def timers(self) -> list[int]:
         return self._key_ctx.timers()
 
+    def register_processing_timer(self, timestamp_ms: int) -> None:
+        """Call ``on_timer`` for this key in the first batch whose processing time (when
+        it was planned; ``ctx.processing_time_ms``) reaches ``timestamp_ms``."""
+        self._key_ctx.register_processing_timer(int(timestamp_ms))
+
+    def delete_processing_timer(self, timestamp_ms: int) -> None:
+        self._key_ctx.delete_processing_timer(int(timestamp_ms))
+
+    def processing_timers(self) -> list[int]:
+        return self._key_ctx.processing_timers()
+
     def emit(self, record: Any, sink: str | None = None, *, to: str | None = None) -> None:
         """Send ``record`` on: to the step's main output (its sinks and the next keyed
         step; in a single-operator pipeline, every user sink), or with ``to`` (or
@@ -69,4 +90,5 @@ class KeyedProcessFunction:
         raise NotImplementedError(f"{type(self).__name__} must implement process()")
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:
-        """Called when an event-time timer of ``key`` fires; default: nothing."""
+        """Called when a timer of ``key`` fires (``ctx.time_domain``: which kind); default:
+        nothing."""

@@ -74,6 +74,7 @@ from microbatch.settings import Settings
 from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
 from microbatch.state.blockcache import BlockCache, RunRef
+from microbatch.state.bundle import PROCESSING_TIMER
 from microbatch.state.cache import state_cache
 from microbatch.storage import open_store
 
@@ -92,6 +93,7 @@ class _KeyBackup:
             if key_bytes in table
         }
         self.timers = backend.timers.of_key(kg, key_bytes)
+        self.processing_timers = backend.processing_timers.of_key(kg, key_bytes)
 
     def restore(self) -> None:
         for name, table in self.backend.groups.get(self.kg, {}).items():
@@ -103,6 +105,10 @@ class _KeyBackup:
             self.backend.delete_timer(self.kg, self.key_bytes, ts)
         for ts in self.timers:
             self.backend.register_timer(self.kg, self.key_bytes, ts)
+        for ts in self.backend.processing_timers.of_key(self.kg, self.key_bytes):
+            self.backend.delete_processing_timer(self.kg, self.key_bytes, ts)
+        for ts in self.processing_timers:
+            self.backend.register_processing_timer(self.kg, self.key_bytes, ts)
 
 
 def _copy(entry: Any) -> Any:
@@ -251,7 +257,11 @@ class StageTwo:
         backend = KeyedStateBackend(maxp, own, clock=clock)
         counts = None if base is None else base.key_counts
         base_id = None if base is None else base.checkpoint_id
-        return InstanceState(backend, cache, instance_runs(base, own), Loaded(), counts, base_id)
+        timers = None if base is None else base.processing_timer_counts
+        return InstanceState(
+            backend, cache, instance_runs(base, own), Loaded(), counts, base_id,
+            base_processing_timers=timers,
+        )  # fmt: skip
 
     def stage_one(self, table: pa.Table) -> tuple[StageOneTotals, WatermarkState]:
         """The batch's stage-1 totals (from the ``stat`` rows every instance receives) and
@@ -335,6 +345,12 @@ class StageTwo:
                     stats["timers_due"] = load_due_timers(
                         state.cache, state.runs, backend, watermark, state.loaded
                     )
+                groups = state.timer_groups()
+                if groups:  # the index of only the key-groups that have such timers
+                    stats["processing_timers_due"] = load_due_timers(
+                        state.cache, state.runs, backend, self.processing_time_ms,
+                        state.loaded, PROCESSING_TIMER, groups,
+                    )  # fmt: skip
             except CheckpointError as e:
                 raise CheckpointError(
                     f"{self._where(instance)}: loading the state of key-groups "
@@ -409,10 +425,12 @@ class StageTwo:
                 router.emit(ctx.emitted, kg)
             stats["keys"] += 1
 
-        # Step 3: timers.
+        # Step 3: timers, event time first.
+        domain = "event_time"
+
         def on_timer(key_ctx: Any, ts: int) -> None:
-            stats["timers_fired"] += 1
-            ctx = ProcessContext(key_ctx, watermark, self.processing_time_ms)
+            stats["timers_fired" if domain == "event_time" else "processing_timers_fired"] += 1
+            ctx = ProcessContext(key_ctx, watermark, self.processing_time_ms, domain)
             backup = None
             if pipeline.on_process_error != "fail":
                 backup = _KeyBackup(backend, key_ctx.key_group, key_ctx.key_bytes)
@@ -433,6 +451,8 @@ class StageTwo:
 
         if watermark is not None:
             backend.advance_watermark(watermark, on_timer)
+        domain = "processing_time"
+        backend.advance_processing_time(self.processing_time_ms, on_timer)
         t_process = time.perf_counter()
 
         # Step 4: the run of the keys it changed.
@@ -491,6 +511,13 @@ class InstanceState:
     base_id: int | None = None
     #: Restored whole from a format-1 checkpoint: every key is written to the first run.
     migrated: bool = False
+    #: The base's processing-time timers per key-group (None: none anywhere).
+    base_processing_timers: tuple[int, ...] | None = None
+
+    def timer_groups(self) -> list[int]:
+        """The instance's key-groups with processing-time timers in the base."""
+        counts = self.base_processing_timers
+        return [] if counts is None else [kg for kg in self.backend.key_groups if counts[kg]]
 
     def write(self, store: Any, batch_id: int, instance: int, attempt: str) -> InstanceSnapshot:
         """Step 4: prune what expired among the loaded keys, write the changed keys as one
@@ -505,6 +532,8 @@ class InstanceState:
         changes = self.loaded.key_count_changes
         base = self.base_counts
         counts = {kg: (base[kg] if base else 0) + changes.get(kg, 0) for kg in own}
+        before, timer_changes = self.base_processing_timers, self.loaded.processing_timer_changes
+        timers = {kg: (before[kg] if before else 0) + timer_changes.get(kg, 0) for kg in own}
         return InstanceSnapshot(
             instance,
             own,
@@ -514,6 +543,7 @@ class InstanceState:
             written.bytes_written,
             runs=written.runs,
             key_counts=counts,
+            processing_timer_counts=timers if any(timers.values()) else None,
         )
 
 

@@ -35,6 +35,8 @@ from microbatch.state.spec import KINDS, Kind, StateSpec
 from microbatch.state.timers import Timer, TimerQueue
 
 TIMER_KIND = "timer"
+#: A processing-time timer: due when a batch's recorded processing time reaches it.
+PROCESSING_TIMER_KIND = "processing_timer"
 #: Columns of the row form, in state-file order.
 ROW_COLUMNS = ("state", "kind", "key", "field", "value", "expires_ms", "timer_ts")
 Rows = dict[str, list[Any]]
@@ -67,6 +69,7 @@ class KeyedStateBackend:
         self.kinds: dict[str, Kind] = {}
         self.specs: dict[str, StateSpec] = {}
         self.timers = TimerQueue()
+        self.processing_timers = TimerQueue()
         self.dirty: set[int] = set()
         self.dirty_keys: set[tuple[int, bytes]] = set()
         self._min_expiry: dict[int, int] = {}
@@ -133,6 +136,33 @@ class KeyedStateBackend:
             self.dirty.add(kg)
             self.dirty_keys.add((kg, key_bytes))
 
+    def register_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
+            raise StateError(f"timer timestamp must be an int (ms): {timestamp!r}")
+        if self.processing_timers.register(kg, key_bytes, timestamp):
+            self.dirty.add(kg)
+            self.dirty_keys.add((kg, key_bytes))
+
+    def delete_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
+        if self.processing_timers.delete(kg, key_bytes, timestamp):
+            self.dirty.add(kg)
+            self.dirty_keys.add((kg, key_bytes))
+
+    def advance_processing_time(
+        self, now_ms: int, on_timer: Callable[[KeyContext, int], None] | None = None
+    ) -> list[Timer]:
+        """Fire every processing-time timer with ``timestamp <= now_ms`` (the batch's
+        recorded processing time, so a rerun fires the same), in order; return them."""
+        fired = []
+        while (timer := self.processing_timers.pop_due(now_ms)) is not None:
+            self.dirty.add(timer.key_group)
+            self.dirty_keys.add((timer.key_group, timer.key_bytes))
+            fired.append(timer)
+            if on_timer is not None:
+                key = decode_key(timer.key_bytes)
+                on_timer(KeyContext(self, key, timer.key_bytes, timer.key_group), timer.timestamp)
+        return fired
+
     def advance_watermark(
         self, watermark: int, on_timer: Callable[[KeyContext, int], None] | None = None
     ) -> list[Timer]:
@@ -189,7 +219,11 @@ class KeyedStateBackend:
                 self._min_expiry[kg] = new_min
 
     def groups_with_state(self) -> list[int]:
-        with_timers = {kg for kg in self.key_groups if self.timers.of_group(kg)}
+        with_timers = {
+            kg
+            for kg in self.key_groups
+            if self.timers.of_group(kg) or self.processing_timers.of_group(kg)
+        }
         with_state = {kg for kg, g in self.groups.items() if any(g.values())}
         return sorted(with_state | with_timers)
 
@@ -215,6 +249,8 @@ class KeyedStateBackend:
                         add(name, kind, key_bytes, field, entry[field][0], entry[field][1], None)
         for ts, key_bytes in self.timers.of_group(kg):
             add("", TIMER_KIND, key_bytes, None, None, None, ts)
+        for ts, key_bytes in self.processing_timers.of_group(kg):
+            add("", PROCESSING_TIMER_KIND, key_bytes, None, None, None, ts)
         return rows
 
     def export_key(self, kg: int, key_bytes: bytes) -> list[tuple[Any, ...]]:
@@ -233,6 +269,10 @@ class KeyedStateBackend:
             else:
                 out += [(name, kind, f, entry[f][0], entry[f][1], None) for f in sorted(entry)]
         out += [("", TIMER_KIND, None, None, None, ts) for ts in self.timers.of_key(kg, key_bytes)]
+        out += [
+            ("", PROCESSING_TIMER_KIND, None, None, None, ts)
+            for ts in self.processing_timers.of_key(kg, key_bytes)
+        ]
         return out
 
     def import_key(self, kg: int, key_bytes: bytes, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -250,6 +290,7 @@ class KeyedStateBackend:
         """Load the row form of ``kg`` (replacing what the backend held for it)."""
         self.groups.pop(kg, None)
         self.timers.drop_group(kg)
+        self.processing_timers.drop_group(kg)
         self._add_rows(kg, rows)
 
     def _add_rows(self, kg: int, rows: Rows) -> None:
@@ -257,6 +298,9 @@ class KeyedStateBackend:
         for name, kind, key_bytes, field, value, exp, ts in zip(*columns, strict=True):
             if kind == TIMER_KIND:
                 self.timers.register(kg, key_bytes, ts)
+                continue
+            if kind == PROCESSING_TIMER_KIND:
+                self.processing_timers.register(kg, key_bytes, ts)
                 continue
             if kind not in KINDS:
                 raise StateError(f"unknown state kind {kind!r} for state {name!r} in {kg}")
@@ -303,6 +347,9 @@ class KeyedStateBackend:
         timers = self.timers.of_key(kg, key_bytes)
         if timers:
             out["timers"] = timers
+        processing = self.processing_timers.of_key(kg, key_bytes)
+        if processing:
+            out["processing_timers"] = processing
         return out
 
     def keys(self, kgs: Iterable[int] | None = None) -> set[bytes]:
@@ -312,4 +359,5 @@ class KeyedStateBackend:
             for table in self.groups.get(kg, {}).values():
                 found.update(table)
             found.update(kb for _, kb in self.timers.of_group(kg))
+            found.update(kb for _, kb in self.processing_timers.of_group(kg))
         return found

@@ -12,7 +12,8 @@ Runs hold two kinds of entries, told apart by the byte after the key-group:
 - ``kg | "t" | timestamp (8 bytes, offset so that order is numeric) | key bytes`` → an
   empty value, or null once the timer is gone (:func:`timer_key`): an index of timers by
   time per key-group, so due timers are found by reading one key range per key-group
-  instead of every key's state.
+  instead of every key's state;
+- ``kg | "p" | timestamp | key bytes``: the same index of processing-time timers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from microbatch.state.codec import CodecError, decode_value, encode_value
 from microbatch.state.runs import composite, split
 
 Row = tuple[Any, ...]
-STATE, TIMER = b"k", b"t"
+STATE, TIMER, PROCESSING_TIMER = b"k", b"t", b"p"
 _TS_OFFSET = 1 << 63  # signed ms → unsigned, so byte order is time order
 
 
@@ -33,14 +34,15 @@ def state_key(key_group: int, key_bytes: bytes) -> bytes:
     return composite(key_group, STATE + key_bytes)
 
 
-def timer_key(key_group: int, timestamp: int, key_bytes: bytes) -> bytes:
-    return composite(key_group, TIMER + (timestamp + _TS_OFFSET).to_bytes(8, "big") + key_bytes)
+def timer_key(key_group: int, timestamp: int, key_bytes: bytes, kind: bytes = TIMER) -> bytes:
+    return composite(key_group, kind + (timestamp + _TS_OFFSET).to_bytes(8, "big") + key_bytes)
 
 
-def timers_until(key_group: int, watermark: int) -> tuple[bytes, bytes]:
-    """``[lo, hi)`` of the timer entries of ``key_group`` with timestamp <= ``watermark``."""
-    return composite(key_group, TIMER), composite(
-        key_group, TIMER + (watermark + 1 + _TS_OFFSET).to_bytes(8, "big")
+def timers_until(key_group: int, watermark: int, kind: bytes = TIMER) -> tuple[bytes, bytes]:
+    """``[lo, hi)`` of the timer entries of ``key_group`` with timestamp <= ``watermark``
+    (``kind``: :data:`PROCESSING_TIMER` for processing-time timers)."""
+    return composite(key_group, kind), composite(
+        key_group, kind + (watermark + 1 + _TS_OFFSET).to_bytes(8, "big")
     )
 
 

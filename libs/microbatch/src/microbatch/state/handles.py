@@ -44,6 +44,12 @@ class StateTables(Protocol):
 
     def delete_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None: ...
 
+    processing_timers: TimerQueue
+
+    def register_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None: ...
+
+    def delete_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None: ...
+
 
 class _Handle:
     def __init__(self, ctx: KeyContext, spec: StateSpec) -> None:
@@ -192,3 +198,13 @@ class KeyContext:
 
     def timers(self) -> list[int]:
         return self.backend.timers.of_key(self.key_group, self.key_bytes)
+
+    def register_processing_timer(self, timestamp: int) -> None:
+        """Fire ``timestamp`` for this key once a batch's processing time reaches it."""
+        self.backend.register_processing_timer(self.key_group, self.key_bytes, timestamp)
+
+    def delete_processing_timer(self, timestamp: int) -> None:
+        self.backend.delete_processing_timer(self.key_group, self.key_bytes, timestamp)
+
+    def processing_timers(self) -> list[int]:
+        return self.backend.processing_timers.of_key(self.key_group, self.key_bytes)
