@@ -71,7 +71,7 @@ def topic(bootstrap, admin) -> str:
     return name
 
 
-@pytest.mark.parametrize("crash_at", [None, "after_state_files", "after_commit"])
+@pytest.mark.parametrize("crash_at", [None, "after_commit"])
 def test_processing_timers_fire_in_the_next_batch_and_a_rerun_fires_the_same(
     crash_at, spark, kafka_settings, topic, tmp_path
 ) -> None:

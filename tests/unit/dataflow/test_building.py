@@ -94,13 +94,20 @@ def test_two_keyed_steps_reading_one_stream_are_refused_for_now() -> None:
         f.build()
 
 
-def test_a_sink_before_any_keyed_step_is_refused_for_now() -> None:
+def test_a_sink_before_the_first_keyed_step_is_a_source_tap() -> None:
     f = flow()
     src = f.source(KafkaSource(topics=("t",)))
-    src.to(sink("raw"))
+    src.map(lambda r: r, name="project").to(sink("raw"))
     src.key_by("k").process(Echo(), uid="a").to(sink("out"))
-    with pytest.raises(ConfigError, match="sink\\(s\\) raw take records before any keyed step"):
-        f.build()
+    pipe = f.build()
+    assert [(t.sink, [s.name for s in t.chain]) for t in pipe.source_taps] == [("raw", ["project"])]
+
+
+def test_a_sink_before_the_first_keyed_step_of_several_sources_is_refused_for_now() -> None:
+    f = flow()
+    both = f.source(KafkaSource(topics=("a",))).union(f.source(KafkaSource(topics=("b",))))
+    with pytest.raises(ConfigError, match="needs a dataflow of one source"):
+        both.to(sink("raw"))
 
 
 def test_a_sink_no_step_feeds_and_a_dataflow_without_keyed_step_are_refused() -> None:

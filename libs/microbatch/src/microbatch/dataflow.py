@@ -25,7 +25,7 @@ output in one manifest.
 the Airflow DAGs take; a job file may also name the :class:`Dataflow` itself. What a
 dataflow can not be is refused there, naming the step: a sink fed twice or never, two
 steps with one uid, a window without event time, two keyed steps reading one step's
-output (not supported yet), a sink before the first keyed step (not supported yet).
+output (not supported yet).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Dataflow:
         self._enrich: Enrichment | None = None
         self._steps: list[_Keyed] = []
         self._sinks: list[Sink] = []
-        self._source_taps: list[str] = []
+        self._source_taps: list[Tap] = []
 
     def source(self, source: KafkaSource) -> Stream:
         """The stream of a source's records. A dataflow may read several sources, each
@@ -129,12 +129,6 @@ class Dataflow:
         where = f"dataflow {self.name!r}"
         if not self._sources:
             raise ConfigError(f"{where}: no source; start with flow.source(KafkaSource(...))")
-        if self._source_taps:
-            raise ConfigError(
-                f"{where}: sink(s) {', '.join(self._source_taps)} take records before any "
-                "keyed step; a sink after stateless steps only is not supported yet: add a "
-                "keyed step before it"
-            )
         first, *rest = self._spine(where)
         unread = [s for i, s in enumerate(self._sources) if i not in first.inputs]
         if unread:
@@ -158,6 +152,7 @@ class Dataflow:
             key_by=first.key_by,
             process=first.process,
             prefix=prefix,
+            source_taps=tuple(self._source_taps),
             uid=first.uid,
             taps=tuple(first.taps),
             steps=tuple(
@@ -304,10 +299,18 @@ class Stream:
 
     def to(self, sink: Sink) -> Stream:
         """Send these records to ``sink`` too; returns this stream (to go on from it)."""
-        self._flow._add_sink(sink)
+        flow = self._flow
         if self._origin is None:
-            self._flow._source_taps.append(sink.name)
+            if len(self._inputs) != 1 or len(flow._sources) != 1:
+                raise ConfigError(
+                    f"dataflow {flow.name!r}: a sink before the first keyed step needs a "
+                    f"dataflow of one source (sink {sink.name!r}); not supported yet with "
+                    "several"
+                )
+            flow._add_sink(sink)
+            flow._source_taps.append(Tap(sink.name, next(iter(self._inputs.values()))))
         else:
+            flow._add_sink(sink)
             self._origin.taps.append(Tap(sink.name, self._chain))
         return self
 

@@ -83,6 +83,9 @@ TICK = "tick"
 #: A keyed step instance's result on its way to the driver through the later exchanges
 #: of a dataflow (``topic``: the step's uid, "" for the first; ``payload``: its JSON).
 RESULT = "result"
+#: A record for a sink fed before the first keyed step (a dataflow's source tap): ``key``
+#: holds the sink's name, ``payload`` the record; the first step's instance stages it.
+OUTPUT = "output"
 
 
 class DeadLetterDetail(NamedTuple):

@@ -236,6 +236,9 @@ class Pipeline:
     #: steps before the first key; ``source`` is then what they read together (every
     #: topic, their shared starting position and limits) and ``prefix`` is empty.
     inputs: Sequence[Input] = ()
+    #: Sinks fed before the first keyed step, each through its own stateless steps (one
+    #: source only); the first step's instances stage them.
+    source_taps: Sequence[Tap] = ()
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)
@@ -244,6 +247,7 @@ class Pipeline:
         object.__setattr__(self, "steps", tuple(self.steps))
         object.__setattr__(self, "drop_state", tuple(self.drop_state))
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "source_taps", tuple(self.source_taps))
         check_inputs(self)
         if self.taps is not None:
             object.__setattr__(self, "taps", tuple(self.taps))
@@ -281,6 +285,7 @@ class Pipeline:
             self.steps,
             (s.name for s in self.sinks),
             self.event_time is not None,
+            self.source_taps,
         )
         check_value_schema(self)
         if self.on_process_error not in ("fail", "dead_letter"):
@@ -368,6 +373,8 @@ def check_inputs(pipeline: Pipeline) -> None:
     where = f"pipeline {pipeline.name!r}"
     if pipeline.prefix:
         raise ConfigError(f"{where}: with several inputs, each input has its own prefix")
+    if pipeline.source_taps:
+        raise ConfigError(f"{where}: a sink before the first keyed step needs one source")
     if pipeline.enrich is not None:
         raise ConfigError(f"{where}: enrichment of several sources is not supported yet")
     combined = combined_source([i.source for i in pipeline.inputs], where)
@@ -435,7 +442,13 @@ def columnar_values(pipeline: Pipeline) -> Any:
     travel as payloads (no declared schema, or enrichment or stateless steps, which work
     on records)."""
     schema = pipeline.source.value_schema
-    if schema is None or pipeline.enrich is not None or pipeline.prefix or pipeline.inputs:
+    if (
+        schema is None
+        or pipeline.enrich is not None
+        or pipeline.prefix
+        or pipeline.inputs
+        or pipeline.source_taps
+    ):
         return None
     return schema.arrow_schema
 

@@ -11,14 +11,17 @@ step sees every key's records in one order whatever the parallelism.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import pyarrow as pa
 
 from microbatch.errors import ConfigError, MicrobatchError, ProcessError, error_text
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
+    ENVELOPE_SCHEMA,
+    RECORD,
     DeadLetterDetail,
     EnvelopeBuilder,
     encode_payload,
@@ -51,8 +54,9 @@ def own_sinks(pipeline: Pipeline, uid: str | None) -> tuple[str, ...]:
     single-operator pipeline, else the step's taps."""
     if pipeline.taps is None:
         return tuple(s.name for s in pipeline.sinks)
-    taps = pipeline.taps if uid is None else pipeline.steps[step_index(pipeline, uid) - 1].taps
-    return tuple(t.sink for t in taps)
+    if uid is None:  # and the sinks fed before it, whose records it stages
+        return tuple(t.sink for t in (*pipeline.source_taps, *pipeline.taps))
+    return tuple(t.sink for t in pipeline.steps[step_index(pipeline, uid) - 1].taps)
 
 
 class Router:
@@ -80,7 +84,10 @@ class Router:
         self.main_taps = [t for t in (taps or ()) if not t.side]
         self.next = next_step(pipeline, uid)
         self.forward = EnvelopeBuilder()
-        self._count: Counter[int] = Counter()
+        self._count = [0] * pipeline.max_parallelism  # rows handed on per key-group
+        self._rows = _Rows()
+        key_by = self.next.key_by if self.next is not None else None
+        self._key_field = key_by if isinstance(key_by, str) else None
         self._keys: dict[str, tuple[bytes, int, int]] = {}
         et = pipeline.event_time
         self._time_field = None if et is None else et.field
@@ -128,16 +135,19 @@ class Router:
     def _forward(self, record: Any, key_group: int) -> None:
         step = self.next
         assert step is not None
-        where = f"step {step.uid!r}"
-        try:
-            key = step.key_of(record)
-        except Exception as e:  # user code
-            self.dead_letter("bad_key", f"{where}: key_by raised {error_text(e)}",
-                             raw_value=_json(record))  # fmt: skip
-            return
+        field = self._key_field
+        if field is not None and type(record) is dict:  # what key_of does, minus a call
+            key = record.get(field)
+        else:
+            try:
+                key = step.key_of(record)
+            except Exception as e:  # user code
+                self.dead_letter("bad_key", f"step {step.uid!r}: key_by raised "
+                                 f"{error_text(e)}", raw_value=_json(record))  # fmt: skip
+                return
         if key is None:
-            self.dead_letter("missing_key", f"{where}: key_by {step.key_by!r} gave no key",
-                             raw_value=_json(record))  # fmt: skip
+            self.dead_letter("missing_key", f"step {step.uid!r}: key_by {step.key_by!r} gave "
+                             "no key", raw_value=_json(record))  # fmt: skip
             return
         try:
             known = self._keys.get(key) if type(key) is str else None
@@ -147,15 +157,22 @@ class Router:
                     self._keys[key] = known
             payload = encode_payload(record)
         except MicrobatchError as e:
-            self.dead_letter("bad_key", f"{where}: {e}", raw_value=_json(record))
+            self.dead_letter("bad_key", f"step {step.uid!r}: {e}", raw_value=_json(record))
             return
-        ts = self._event_time(record, where)
+        ts = self._event_time(record)
         if ts is False:
             return
-        key_bytes, kg, instance = known
-        n = self._count[key_group]
+        rows = self._rows
+        rows.partition.append(key_group)
+        rows.offset.append(self._count[key_group])
         self._count[key_group] += 1
-        self.forward.record(self._marker, key_group, n, 0, instance, kg, key_bytes, ts, payload)
+        rows.placed.append(known)
+        rows.ts.append(ts)
+        rows.payload.append(payload)
+
+    def forward_rows(self) -> pa.RecordBatch:
+        """The rows for the next keyed step: its records, then the dead letters so far."""
+        return pa.concat_batches([self._rows.batch(self._marker), self.forward.rows_batch()])
 
     def _place(self, key_bytes: bytes) -> tuple[bytes, int, int]:
         """(key bytes, key-group, instance) of a key of the next step."""
@@ -163,7 +180,7 @@ class Router:
         kg = key_group_of_bytes(key_bytes, maxp)
         return key_bytes, kg, operator_index(kg, maxp, self.parallelism)
 
-    def _event_time(self, record: Any, where: str) -> int | bool | None:
+    def _event_time(self, record: Any) -> int | bool | None:
         """The record's event time for the next step (None: it has none), or False after
         dead-lettering a record a window cannot place. A window's output row without the
         event-time field takes its window's last millisecond, as in Flink."""
@@ -171,6 +188,7 @@ class Router:
         raw = record.get(field) if field is not None and type(record) is dict else None
         if raw is None and isinstance(record, dict) and isinstance(record.get("window_end"), int):
             raw = record["window_end"] - 1
+        where = f"step {self.next.uid!r}" if self.next else ""
         if raw is None:
             if self._windowed:
                 error = f"{where}: a window needs the event-time field {field!r}"
@@ -193,6 +211,34 @@ class Router:
             )
             self.forward.add(DEAD_LETTER, d.get("topic"), d.get("partition"), d.get("offset"),
                              0, instance, None, None, None, detail.to_payload())  # fmt: skip
+
+
+class _Rows:
+    """The next step's record rows, column by column (the hot path of a dataflow)."""
+
+    def __init__(self) -> None:
+        self.partition: list[int] = []
+        self.offset: list[int] = []
+        self.placed: list[tuple[bytes, int, int]] = []  # (key bytes, key-group, instance)
+        self.ts: list[int | None] = []
+        self.payload: list[bytes] = []
+
+    def batch(self, marker: str) -> pa.RecordBatch:
+        n = len(self.payload)
+        keys, groups, instances = zip(*self.placed, strict=True) if n else ((), (), ())
+        columns = {
+            "kind": pa.array([RECORD] * n, pa.string()),
+            "topic": pa.array([marker] * n, pa.string()),
+            "partition": pa.array(self.partition, pa.int32()),
+            "offset": pa.array(self.offset, pa.int64()),
+            "seq": pa.array([0] * n, pa.int32()),
+            "instance": pa.array(instances, pa.int32()),
+            "key_group": pa.array(groups, pa.int32()),
+            "key": pa.array(keys, pa.binary()),
+            "event_ts": pa.array(self.ts, pa.int64()),
+            "payload": pa.array(self.payload, pa.binary()),
+        }
+        return pa.RecordBatch.from_pydict(columns, schema=ENVELOPE_SCHEMA)
 
 
 def _json(record: Any) -> bytes:

@@ -66,7 +66,7 @@ def step_instance(stage: StageTwo) -> Body:
         yield result_row(stage.step or "", result)
         if stage.is_last:
             return
-        yield router.forward.rows_batch()
+        yield router.forward_rows()
         if instance == 0:
             stats = own.filter(pc.equal(own.column("kind"), STAT))
             for j in range(stage.parallelism):

@@ -26,6 +26,7 @@ from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.columnar import columnar_envelopes
 from microbatch.runtime.envelope import (
+    OUTPUT,
     PENDING,
     SOURCE_COLUMNS,
     EnvelopeBuilder,
@@ -218,8 +219,9 @@ class StageOne:
 
     @property
     def has_prefix(self) -> bool:
-        """Do records go through stateless steps (or several sources' own) in stage 1?"""
-        return bool(self.pipeline.prefix or self.pipeline.inputs)
+        """Do records go through stateless steps (or several sources' own, or sinks fed
+        before the first keyed step) in stage 1?"""
+        return bool(self.pipeline.prefix or self.pipeline.inputs or self.pipeline.source_taps)
 
     def prefix_of(self, topic: str) -> tuple[Any, ...]:
         if self.pipeline.inputs:
@@ -360,6 +362,8 @@ class StageOne:
         row (numbered after ``seq``); raises ``_Bad`` (nothing appended) if a step raises
         or a result is unfit. A record the prefix filters out leaves no row. ``raw``: the
         source bytes, handed on when the prefix only filters (of a single source)."""
+        builder = EnvelopeBuilder()  # all of the record's rows, or none
+        self.add_outputs(builder, topic, part, off, record, seq)
         prefix = self.prefix_of(topic)
         if raw is not None and not self.pipeline.inputs and filters_only(prefix):
             try:
@@ -367,16 +371,37 @@ class StageOne:
             except StepFailed as e:
                 raise self._step_failed(e, topic, part, off) from e
             if kept:
-                self.add_record(out, topic, part, off, seq, record, raw=raw)
+                self.add_record(builder, topic, part, off, seq, record, raw=raw)
+            out.rows.extend(builder.rows)
             return
         try:
             records = run_chain(prefix, record)
         except StepFailed as e:
             raise self._step_failed(e, topic, part, off) from e
-        builder = EnvelopeBuilder()
         for i, r in enumerate(records):
             self.add_record(builder, topic, part, off, seq * 1024 + i, r)
         out.rows.extend(builder.rows)
+
+    def add_outputs(
+        self, out: EnvelopeBuilder, topic: str, part: int, off: int, record: Any, seq: int
+    ) -> None:
+        """The record on its way to the sinks fed before the first keyed step."""
+        taps = self.pipeline.source_taps
+        if not taps:
+            return
+        instance = unkeyed_instance(part, off, self.parallelism)
+        for tap in taps:
+            try:
+                records = run_chain(tap.chain, record)
+            except StepFailed as e:
+                raise self._step_failed(e, topic, part, off) from e
+            for i, r in enumerate(records):
+                try:
+                    payload = encode_payload(r)
+                except MicrobatchError as e:
+                    raise _Bad("undecodable", f"for sink {tap.sink!r}: not plain data: {e}") from e
+                out.add(OUTPUT, topic, part, off, seq * 1024 + i, instance, None,
+                        tap.sink.encode(), None, payload)  # fmt: skip
 
     def _step_failed(self, e: StepFailed, topic: str, part: int, off: int) -> Exception:
         """What a failed stateless step raises: the batch's failure, or a dead letter."""

@@ -54,6 +54,7 @@ from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key
 from microbatch.runtime.columnar import DecodedRecords, batch_records
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
+    OUTPUT,
     PENDING,
     RECORD,
     STAT,
@@ -330,6 +331,15 @@ class StageTwo:
                 offset=row["offset"], attempts=detail.attempts, raw_key=detail.raw_key,
                 raw_value=detail.raw_value,
             )  # fmt: skip
+
+        # The records stage 1 sent to sinks fed before the first keyed step.
+        if self.step is None and pipeline.source_taps:
+            rows = table.filter(pc.equal(table.column("kind"), OUTPUT))
+            rows = rows.sort_by([(c, "ascending") for c in SOURCE_ORDER])
+            for name, payload in zip(
+                rows.column("key").to_pylist(), rows.column("payload").to_pylist(), strict=True
+            ):
+                outputs[name.decode()].append(decode_payload(payload))
 
         # Step 2: process() per key (or, for windows, the whole batch's columns).
         recs = SortedRecords(table)

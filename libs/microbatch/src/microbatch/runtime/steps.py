@@ -131,6 +131,7 @@ def check_steps(
     steps: Sequence[KeyedStep],
     sink_names: Iterable[str],
     has_event_time: bool,
+    source_taps: Sequence[Tap] = (),
 ) -> None:
     """Refuse a spine that cannot work, naming the step: two steps with one uid, a sink
     fed by two steps or by none, a tap naming no sink, a window without event time."""
@@ -142,11 +143,12 @@ def check_steps(
             raise ConfigError(f"{where}: two keyed steps have the uid {uid!r}; uids must differ")
         seen.add(uid)
     if first_taps is None:
-        if steps:
-            raise ConfigError(f"{where}: a pipeline with several keyed steps needs taps")
+        if steps or source_taps:
+            raise ConfigError(f"{where}: a pipeline with several steps needs taps")
         return
     fed: dict[str, str] = {}
-    for uid, taps in [(first_uid or "", first_taps), *((s.uid, s.taps) for s in steps)]:
+    spine = [(first_uid or "", first_taps), *((s.uid, s.taps) for s in steps)]
+    for uid, taps in [("source", tuple(source_taps)), *spine]:
         for tap in taps:
             if tap.sink not in names:
                 raise ConfigError(
