@@ -201,3 +201,20 @@ def test_a_replay_rolls_back_every_steps_state_and_output(
     for run in ("again1", "again2"):
         BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id=run))
     assert outcome(tmp_path) == clean["outcome"]
+
+
+def test_the_cli_shows_a_keys_state_in_the_step_it_names(clean, topic, kafka_settings, capsys):
+    from microbatch.cli import main
+
+    job = clean["root"] / "job.py"
+    job.write_text(
+        "from tests.integration.dataflow.payments import payments_dataflow\n"
+        f"pipeline = payments_dataflow({topic!r}, {str(clean['root'])!r})\n"
+    )
+    env_args = ["state", str(job), "m2", "--step", "merchant", "--json"]
+    assert main(env_args) == 0
+    shown = json.loads(capsys.readouterr().out)
+    want = reference(VALUES)["merchants"]["m2"]
+    assert shown["step"] == "merchant" and shown["state"] == want
+    assert main(["state", str(job), "m2", "--step", "nope"]) == 6  # NOT_FOUND
+    assert "has no keyed step 'nope' (its steps: 'spend', 'merchant')" in capsys.readouterr().err
