@@ -28,7 +28,7 @@ from microbatch.runtime.envelope import (
 )
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.stage_one import event_time_ms
-from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, run_chain
+from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, Tap, run_chain
 
 DeadLetter = Callable[..., None]
 _KEYS_REMEMBERED = 100_000  # string keys of the next step whose placement is kept
@@ -54,9 +54,18 @@ def own_sinks(pipeline: Pipeline, uid: str | None) -> tuple[str, ...]:
     single-operator pipeline, else the step's taps."""
     if pipeline.taps is None:
         return tuple(s.name for s in pipeline.sinks)
+    staged = step_taps(pipeline, uid)
     if uid is None:  # and the sinks fed before it, whose records it stages
-        return tuple(t.sink for t in (*pipeline.source_taps, *pipeline.taps))
-    return tuple(t.sink for t in pipeline.steps[step_index(pipeline, uid) - 1].taps)
+        staged = (*pipeline.source_taps, *staged)
+    return tuple(t.sink for t in staged)
+
+
+def step_taps(pipeline: Pipeline, uid: str | None) -> tuple[Tap, ...]:
+    """Where step ``uid``'s output goes (None: the first step); empty for a
+    single-operator pipeline, whose output goes to every sink."""
+    if uid is None:
+        return tuple(pipeline.taps or ())
+    return tuple(pipeline.steps[step_index(pipeline, uid) - 1].taps)
 
 
 class Router:
@@ -78,10 +87,7 @@ class Router:
         self.dead_letter = dead_letter
         self.outputs: dict[str, list[Any]] = {n: [] for n in own_sinks(pipeline, uid)}
         self.single = pipeline.taps is None
-        taps = () if self.single else (
-            pipeline.taps if uid is None else pipeline.steps[step_index(pipeline, uid) - 1].taps
-        )  # fmt: skip
-        self.main_taps = [t for t in (taps or ()) if not t.side]
+        self.main_taps = [t for t in step_taps(pipeline, uid) if not t.side]
         self.next = next_step(pipeline, uid)
         self.forward = EnvelopeBuilder()
         self._count = [0] * pipeline.max_parallelism  # rows handed on per key-group

@@ -125,26 +125,26 @@ class KeyedStateBackend:
         return KeyContext(self, key, key_bytes, kg)
 
     def register_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
-        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
-            raise StateError(f"timer timestamp must be an int (ms): {timestamp!r}")
-        if self.timers.register(kg, key_bytes, timestamp):
-            self.dirty.add(kg)
-            self.dirty_keys.add((kg, key_bytes))
+        self._register(self.timers, kg, key_bytes, timestamp)
 
     def delete_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
-        if self.timers.delete(kg, key_bytes, timestamp):
-            self.dirty.add(kg)
-            self.dirty_keys.add((kg, key_bytes))
+        self._delete(self.timers, kg, key_bytes, timestamp)
 
     def register_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
+        self._register(self.processing_timers, kg, key_bytes, timestamp)
+
+    def delete_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
+        self._delete(self.processing_timers, kg, key_bytes, timestamp)
+
+    def _register(self, queue: TimerQueue, kg: int, key_bytes: bytes, timestamp: int) -> None:
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
             raise StateError(f"timer timestamp must be an int (ms): {timestamp!r}")
-        if self.processing_timers.register(kg, key_bytes, timestamp):
+        if queue.register(kg, key_bytes, timestamp):
             self.dirty.add(kg)
             self.dirty_keys.add((kg, key_bytes))
 
-    def delete_processing_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
-        if self.processing_timers.delete(kg, key_bytes, timestamp):
+    def _delete(self, queue: TimerQueue, kg: int, key_bytes: bytes, timestamp: int) -> None:
+        if queue.delete(kg, key_bytes, timestamp):
             self.dirty.add(kg)
             self.dirty_keys.add((kg, key_bytes))
 
@@ -153,8 +153,14 @@ class KeyedStateBackend:
     ) -> list[Timer]:
         """Fire every processing-time timer with ``timestamp <= now_ms`` (the batch's
         recorded processing time, so a rerun fires the same), in order; return them."""
+        return self._fire(self.processing_timers, now_ms, on_timer)
+
+    def _fire(
+        self, queue: TimerQueue, until: int, on_timer: Callable[[KeyContext, int], None] | None
+    ) -> list[Timer]:
+        """Fire ``queue``'s timers due by ``until`` in order, each key marked changed."""
         fired = []
-        while (timer := self.processing_timers.pop_due(now_ms)) is not None:
+        while (timer := queue.pop_due(until)) is not None:
             self.dirty.add(timer.key_group)
             self.dirty_keys.add((timer.key_group, timer.key_bytes))
             fired.append(timer)
@@ -174,15 +180,7 @@ class KeyedStateBackend:
         if self.watermark is not None and watermark < self.watermark:
             return []  # watermarks never go back; a late one changes nothing
         self.watermark = watermark
-        fired = []
-        while (timer := self.timers.pop_due(watermark)) is not None:
-            self.dirty.add(timer.key_group)
-            self.dirty_keys.add((timer.key_group, timer.key_bytes))
-            fired.append(timer)
-            if on_timer is not None:
-                key = decode_key(timer.key_bytes)
-                on_timer(KeyContext(self, key, timer.key_bytes, timer.key_group), timer.timestamp)
-        return fired
+        return self._fire(self.timers, watermark, on_timer)
 
     # --- checkpoint support -------------------------------------------------------------
     def prune_expired(self) -> None:
