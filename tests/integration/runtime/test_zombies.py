@@ -27,6 +27,7 @@ from microbatch.checkpoint import Layout, list_checkpoints
 from microbatch.cli import main
 from microbatch.errors import BatchError
 from microbatch.runtime import BatchOptions, BatchRunner, Pipeline
+from microbatch.runtime.fence import read_lease
 from microbatch.sinks import parquet as ps
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
@@ -36,7 +37,10 @@ from tests.integration.runtime.test_batches import clicks, new_topic, produce, t
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-LEASE_S = 2.0
+#: Short, so a run taking over a stalled or killed one waits little: it must see the lease
+#: expire and then watch it unchanged for one timeout (runtime/fence.py), so a takeover
+#: after ``time.sleep(LEASE_S + 0.5)`` costs 2.5 s, as one after 2 s leases expired did.
+LEASE_S = 1.0
 JOB = """
 import dataclasses
 from tests.integration.runtime.pipelines import count_pipeline
@@ -64,11 +68,13 @@ def setup(admin, bootstrap, tmp_path: Path) -> Setup:
     return make_setup(topic, tmp_path, values, retain=10)
 
 
-def make_setup(topic: str, root: Path, values: list[bytes], retain: int) -> Setup:
+def make_setup(
+    topic: str, root: Path, values: list[bytes], retain: int, lease_s: float = LEASE_S
+) -> Setup:
     job = root / "job.py"
-    job.write_text(JOB.format(topic=topic, root=str(root), lease=LEASE_S, retain=retain))
+    job.write_text(JOB.format(topic=topic, root=str(root), lease=lease_s, retain=retain))
     pipeline = dataclasses.replace(
-        count_pipeline(topic, str(root)), lease_timeout_s=LEASE_S, retain_checkpoints=retain
+        count_pipeline(topic, str(root)), lease_timeout_s=lease_s, retain_checkpoints=retain
     )
     return Setup(topic, root, job, pipeline, values)
 
@@ -168,8 +174,11 @@ def test_a_zombie_waking_after_retention_removed_its_checkpoint_cannot_commit_it
 
 
 def test_a_killed_run_blocks_others_only_until_its_lease_expires(
-    spark, kafka_settings, setup: Setup
+    spark, kafka_settings, admin, bootstrap, tmp_path: Path
 ) -> None:
+    # A lease long enough that the refusal right after the kill is no race with its expiry.
+    setup = make_setup(new_topic(admin, 2), tmp_path, clicks(40), retain=10, lease_s=2.0)
+    produce(bootstrap, setup.topic, setup.values)
     killed = start_batch(kafka_settings, setup.job, "killed", "after_plan")
     wait_stopped(killed)
     killed.kill()  # SIGKILL: no release, no renewal
@@ -177,7 +186,10 @@ def test_a_killed_run_blocks_others_only_until_its_lease_expires(
 
     with pytest.raises(BatchError, match="being run by 'killed'"):
         BatchRunner(spark, setup.pipeline, kafka_settings).run(BatchOptions(run_id="next"))
-    time.sleep(LEASE_S + 0.5)
+    lease = read_lease(open_store(setup.pipeline.checkpoints))
+    assert lease is not None
+    time.sleep(max(lease.expires_ms / 1000 - time.time(), 0) + 0.1)  # expired by our clock
+    # The next run watches it unchanged for its timeout, then takes it over: no unlock.
     result = BatchRunner(spark, setup.pipeline, kafka_settings).run(BatchOptions(run_id="next"))
 
     assert result.replayed and result.records_in == len(setup.values)  # no unlock needed

@@ -116,6 +116,62 @@ def test_a_library_error_spark_passes_back_as_text_maps_by_the_class_it_names():
     assert exit_code(RuntimeError("microbatch.errors.NoSuchError: x")) is ExitCode.BATCH_FAILED
 
 
+def spark_task_failure(*lines: str) -> RuntimeError:
+    """A Spark task's failure as the driver gets it: Py4J/PythonException text around the
+    worker's traceback."""
+    return RuntimeError(
+        "An error occurred while calling o84.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in "
+        "stage 2.0 failed 1 times, most recent failure: Lost task 1.0 in stage 2.0: "
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        + "\n".join(lines)
+        + "\n\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException"
+    )
+
+
+S3_DOWN = 'Could not connect to the endpoint URL: "http://127.0.0.1:8333/mb/counts/part-1.parquet"'
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        spark_task_failure(
+            f"botocore.exceptions.EndpointConnectionError: {S3_DOWN}",
+            "The above exception was the direct cause of the following exception:",
+            "microbatch.errors.StorageError: S3 put of key counts/part-1.parquet in bucket 'mb' "
+            f"failed after 6 attempt(s): {S3_DOWN}",
+        ),
+        # Only the library's own line came through (a shortened message).
+        spark_task_failure(
+            "microbatch.errors.StorageError: S3 put of key counts/part-1.parquet in bucket 'mb' "
+            f"failed after 6 attempt(s): {S3_DOWN}"
+        ),
+        spark_task_failure(
+            "ConnectionRefusedError: [Errno 111] Connection refused",
+            "microbatch.errors.StorageError: get failed",
+        ),
+    ],
+)
+def test_s3_unreachable_in_a_spark_task_exits_as_on_the_driver(failure):
+    on_the_driver = _raised_from(
+        StorageError(f"S3 put of key counts/part-1.parquet failed after 6 attempt(s): {S3_DOWN}"),
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:8333"),
+    )
+
+    assert exit_code(failure) is exit_code(on_the_driver) is ExitCode.SERVICE_UNREACHABLE
+
+
+def test_a_spark_task_failure_of_a_reachable_store_still_exits_batch_failed():
+    failure = spark_task_failure(
+        "microbatch.errors.StorageError: S3 put of key counts/part-1.parquet in bucket 'mb' "
+        "failed after 6 attempt(s): An error occurred (InternalError) when calling PutObject"
+    )
+    unrelated = RuntimeError(f"the pipeline's own bug, {S3_DOWN} mentioned in passing")
+
+    assert exit_code(failure) is ExitCode.BATCH_FAILED
+    assert exit_code(unrelated) is ExitCode.BATCH_FAILED  # no library error named
+
+
 def test_exit_codes_and_reasons_are_distinct_and_stable():
     assert {c.name: int(c) for c in ExitCode} == {
         "OK": 0,

@@ -246,7 +246,8 @@ def test_status_says_when_the_killed_runs_lease_has_expired(stack, capsys):
     assert capsys.readouterr().out.splitlines() == [
         f"pipeline counts: no checkpoint yet in {stack.store.url}",
         f"  lease: held by run 'killed' (epoch 1) until {iso(held['expires_at'])[:19]}+00:00, "
-        "expired 35 s ago: that run stopped renewing it (killed?); the next run takes it over",
+        "expired 35 s ago: that run stopped renewing it (killed?); the next run takes it over "
+        "once it has watched it unchanged for the lease timeout",
         f"  stored plan: batch 0 (2 ranges, up to 5 records, parallelism 2, planned "
         f"{iso(status['stored_plan']['planned_at'])[:19]}+00:00) has no checkpoint yet: the "
         "next run replays this plan",

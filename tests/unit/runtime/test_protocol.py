@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest, load_manifest
-from microbatch.errors import BatchError, CheckpointError, SourceError
+from microbatch.errors import BatchError, CheckpointError, ConfigError, SourceError
 from microbatch.kafka import BatchPlan, BrokerView, TopicPartition
 from microbatch.runtime import (
     BatchOptions,
@@ -346,3 +346,62 @@ def test_a_declared_schema_gives_the_same_totals_as_decoding_per_record(
     assert (result.records_in, result.dead_letters) == (3, 1)
     assert result.dead_letter_reasons == {"schema_mismatch": 1}
     assert totals(declared) == [("ann", 3), ("ann", 4), ("bob", 1), ("cid", 1), ("dan", 1)]
+
+
+def test_a_second_pipeline_in_the_same_checkpoint_location_is_refused_before_any_work(
+    pipeline, log, tmp_path
+) -> None:
+    """Pipeline 'orders' given the checkpoint location of 'counts', where a plan of batch 0
+    is stored (a dry run, or a crash after planning): replaying it would read 'clicks' and
+    commit it as an 'orders' batch."""
+    runner(pipeline, log).run(BatchOptions(dry_run=True))  # stores the plan of batch 0
+    orders = dataclasses.replace(
+        pipeline,
+        name="orders",
+        source=KafkaSource(topics=("orders",)),
+        sinks=[ParquetSink("totals", str(tmp_path / "orders"))],
+    )
+    second = runner(orders, log)
+
+    refused = r"pipeline 'orders': .* plan of batch 0 of pipeline 'counts' .*share this location"
+    with pytest.raises(ConfigError, match=refused):
+        second.run()
+
+    assert second.executor.executions == 0  # type: ignore[attr-defined]
+    assert phase(pipeline, 0) is Phase.PLANNED and totals(orders) == []
+    assert runner(pipeline, log).run().records_in == 5  # 'counts' goes on with its plan
+
+
+def test_a_parquet_output_another_pipeline_owns_is_refused_before_a_first_batch(
+    pipeline, log, tmp_path
+) -> None:
+    runner(pipeline, log).run()  # 'counts' published batch 0 to tmp_path/totals
+    orders = dataclasses.replace(
+        pipeline, name="orders", checkpoints=str(tmp_path / "orders-checkpoints")
+    )
+    second = runner(orders, log)
+
+    owned = r"pipeline 'orders': the Parquet output .*/totals belongs to pipeline 'counts'"
+    with pytest.raises(ConfigError, match=owned):
+        second.run()
+    assert second.executor.executions == 0  # type: ignore[attr-defined]
+
+
+def test_a_parquet_output_another_pipeline_published_to_meanwhile_is_refused_at_publish(
+    pipeline, log, tmp_path
+) -> None:
+    """Both pipelines found the output empty before their first batch; 'counts' published
+    batch 0 between the commit and the publish of 'orders', whose entry would have been
+    taken as its own: 'orders' would report rows no reader ever sees."""
+    orders = dataclasses.replace(
+        pipeline, name="orders", checkpoints=str(tmp_path / "orders-checkpoints")
+    )
+    with pytest.raises(InjectedCrash):
+        runner(orders, log).run(BatchOptions(crash_at="after_commit", run_id="o1"))
+    runner(pipeline, log).run()
+
+    owned = r"pipeline 'orders': the Parquet output .*/totals belongs to pipeline 'counts'"
+    with pytest.raises(ConfigError, match=owned):
+        runner(orders, log).run(BatchOptions(run_id="o1"))  # publishes its batch 0 first
+    assert phase(orders, 0) is Phase.COMMITTED  # never marked published
+    assert totals(pipeline) == [("ann", 3), ("bob", 1), ("cid", 1)]  # only 'counts' rows

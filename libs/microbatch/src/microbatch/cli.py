@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay even though Kafka sinks receive the undone outputs again",
     )
-    add("unlock", "end the lease now (a dead run's lease expires on its own)")
+    add("unlock", "end the lease now (else the next run takes it over after one lease timeout)")
     op = add("optimize", "compact a Delta sink's files per batch (exactly-once kept)")
     op.add_argument("--sink", required=True, help="the DeltaSink's name")
     op.add_argument("--vacuum", action="store_true", help="then delete unreferenced files")

@@ -236,7 +236,8 @@ def _lease_line(lease: dict[str, Any] | None, now_ms: int) -> str:
     if lease["expired"]:
         return (
             f"held by {who} until {until}, expired {_ago(lease['expires_at'], now_ms)}: that "
-            "run stopped renewing it (killed?); the next run takes it over"
+            "run stopped renewing it (killed?); the next run takes it over once it has "
+            "watched it unchanged for the lease timeout"
         )
     return (
         f"held by {who} until {until} ({_ago(lease['expires_at'], now_ms)}; renewed while "

@@ -155,6 +155,16 @@ S3_CREDENTIAL_CODES = frozenset(
     }
 )
 _QUALIFIED = re.compile(r"\bmicrobatch\.errors\.([A-Za-z]+Error)\b")
+#: A failed connection as it reads in a traceback Spark hands back as text: the class of
+#: the cause (the worker's traceback names it) or, where only the library's own line came
+#: through, the words botocore uses for it in the message a StorageError repeats.
+_UNREACHABLE_TEXT = re.compile(
+    r"\bbotocore\.exceptions\.(?:EndpointConnectionError|ConnectTimeoutError|ConnectionError"
+    r"|ProxyConnectionError)\b"
+    r"|\bkafka\.errors\.(?:KafkaConnectionError|KafkaTimeoutError|NoBrokersAvailable)\b"
+    r"|\b(?:ConnectionRefusedError|ConnectionResetError|ConnectionAbortedError)\b"
+    r"|Could not connect to the endpoint URL|Connect timeout on endpoint URL"
+)
 
 
 def exit_code(error: BaseException) -> ExitCode:
@@ -164,8 +174,10 @@ def exit_code(error: BaseException) -> ExitCode:
     raised in a Spark task reaches the driver as a Java/Python exception whose message
     names ``microbatch.errors.<Class>``), then by what caused it: a connection that
     failed (``ConnectionError``, botocore's ``EndpointConnectionError``, kafka-python's
-    ``KafkaConnectionError``/``KafkaTimeoutError``) is ``SERVICE_UNREACHABLE``;
-    credentials S3 or Kafka refused are ``CONFIG_ERROR``; anything else ``BATCH_FAILED``.
+    ``KafkaConnectionError``/``KafkaTimeoutError``) is ``SERVICE_UNREACHABLE`` — also
+    when a Spark task's library error arrives as text naming such a cause (S3 unreachable
+    from an executor exits as it does on the driver); credentials S3 or Kafka refused are
+    ``CONFIG_ERROR``; anything else ``BATCH_FAILED``.
     """
     own = library_error_class(error)
     if own is not None:
@@ -181,7 +193,7 @@ def exit_code(error: BaseException) -> ExitCode:
     for cause in _chain(error):
         if _rejects_credentials(cause):
             return ExitCode.CONFIG_ERROR
-        if _is_unreachable(cause):
+        if _is_unreachable(cause) or _reads_unreachable(cause):
             return ExitCode.SERVICE_UNREACHABLE
     return ExitCode.BATCH_FAILED
 
@@ -232,6 +244,14 @@ def _is_unreachable(e: BaseException) -> bool:
             ),
         ),
     )
+
+
+def _reads_unreachable(e: BaseException) -> bool:
+    """A library error passed on as text (a Spark task's) whose cause was a connection
+    that failed: the text names both."""
+    if isinstance(e, MicrobatchError) or library_error_class(e) is None:
+        return False
+    return _UNREACHABLE_TEXT.search(str(e)) is not None
 
 
 def _rejects_credentials(e: BaseException) -> bool:

@@ -2,7 +2,9 @@
 re-planned when Kafka deleted what a stored plan was to read.
 
 A batch's plan is stored before any work, and every attempt of the batch replays it, so a
-rerun reads the same records. A stored plan can outlive its records: a crash, then topic
+rerun reads the same records — only a run of the pipeline that stored it: another
+pipeline's plan (two pipelines given one checkpoint location) stops the run before any
+work. A stored plan can outlive its records: a crash, then topic
 retention deleting the start of a planned range before the rerun. Replaying it would fail
 every attempt, forever. So a replay first checks the plan's ranges against the earliest
 kept offsets; when some are gone the batch is **re-planned** from the committed offsets,
@@ -20,7 +22,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from microbatch.errors import DataLossError
+from microbatch.errors import ConfigError, DataLossError
 from microbatch.kafka import (
     BatchLimits,
     BatchPlan,
@@ -46,6 +48,8 @@ def next_plan(
 ) -> tuple[BatchPlan, bool]:
     """(plan, replayed): the stored plan of ``batch_id``, a new one, or a re-plan."""
     stored = plans.load(batch_id)
+    if stored is not None:
+        check_plan_is_ours(plans, pipeline, stored)
     if stored is None:
         plan = plans.save(_plan(broker, pipeline, committed, batch_id, options))
         plans.check_continues(plan, committed)
@@ -74,6 +78,22 @@ def next_plan(
     plan = dataclasses.replace(plan, skipped=skipped)
     plans.replace(plan)
     return plan, False
+
+
+def check_plan_is_ours(plans: PlanStore, pipeline: Pipeline, stored: BatchPlan) -> None:
+    """A stored plan replays only for the pipeline that wrote it. Another pipeline's plan
+    means two pipelines share one checkpoint location: replaying it would read the other's
+    topics and commit them as this pipeline's batch, so the run stops before any work."""
+    if stored.pipeline == pipeline.name:
+        return
+    raise ConfigError(
+        f"pipeline {pipeline.name!r}: the checkpoint location {plans.store.url} holds the plan "
+        f"of batch {stored.batch_id} of pipeline {stored.pipeline!r} "
+        f"({plans.key(stored.batch_id)}): two pipelines share this location, and this run "
+        f"would replay the other one's plan. This run did no work. Give {pipeline.name!r} "
+        f"(or {stored.pipeline!r}) a checkpoint location of its own, and sink locations of "
+        "its own too."
+    )
 
 
 def lost_ranges(plan: BatchPlan, broker: BrokerView) -> dict[TopicPartition, tuple[int, int]]:

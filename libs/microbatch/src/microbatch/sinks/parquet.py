@@ -4,6 +4,7 @@ Layout under the sink's URL::
 
     batch=<id:020d>/part-<instance:05d>-<attempt>.parquet   instance <instance>'s output
     _commits/<id:020d>.json                                  the batch is visible (below)
+    _pipeline.json                                           the pipeline it belongs to
 
 An instance writes its file *before* the pipeline's checkpoint commits (staging); the
 ``_commits`` entry, created after (publishing), lists the files of the attempt that
@@ -29,11 +30,21 @@ travel from checkpoint to checkpoint (:func:`after_batch`); only a rewind reads 
 ``_commits`` entries (:func:`awaiting_replacement`), so publishing costs the same after
 ten batches or ten thousand.
 
-Entry body: ``{"batch", "files", "rows", "end_offsets", "supersedes", "undoes"}``.
+One pipeline owns an output. Batch ids are the pipeline's checkpoint ids, so a second
+pipeline publishing to the same location would find the first one's entries under its own
+batch ids and take them as its own (reporting rows no reader ever sees), or interleave its
+batches with the other's. The first publish claims the location (``_pipeline.json``, an
+exclusive create); every publish checks the claim, and so does the check before a
+pipeline's first batch (:meth:`ParquetSink.last_published`): another pipeline's output is
+refused with a :class:`~microbatch.errors.ConfigError`.
+
+Entry body: ``{"batch", "pipeline", "files", "rows", "end_offsets", "supersedes",
+"undoes"}`` (entries written before outputs had owners have no ``"pipeline"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -59,12 +70,16 @@ from microbatch.storage import AlreadyExistsError, ObjectNotFoundError, ObjectSt
 from microbatch.validation import check_name
 
 COMMITS = "_commits/"
+OWNER = "_pipeline.json"
 __all__ = [
     "COMMITS",
+    "OWNER",
     "Awaiting",
     "ParquetSink",
     "after_batch",
     "awaiting_replacement",
+    "check_owner",
+    "claim_output",
     "collect_orphans",
     "commit_entries",
     "committed_batches",
@@ -109,10 +124,12 @@ class ParquetSink(Sink):
 
     def publish(self, ctx: PublishContext) -> None:
         store = open_store(self.url, ctx.settings)
-        publish_parquet(store, ctx.batch_id, ctx.staged, ctx.end_offsets, ctx.supersedes)
+        publish_parquet(
+            store, ctx.batch_id, ctx.staged, ctx.end_offsets, ctx.supersedes, ctx.pipeline
+        )
 
     def publish_rewind(self, ctx: PublishContext, undone: Sequence[int]) -> None:
-        publish_rewind(open_store(self.url, ctx.settings), ctx.batch_id, undone)
+        publish_rewind(open_store(self.url, ctx.settings), ctx.batch_id, undone, ctx.pipeline)
 
     def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
         return awaiting_replacement(open_store(self.url, settings), undone)
@@ -127,7 +144,13 @@ class ParquetSink(Sink):
         return url_dataset(self.url)
 
     def last_published(self, settings: Settings, pipeline: str) -> int | None:
-        batches = committed_batches(open_store(self.url, settings))
+        """The newest published batch; a :class:`ConfigError` if another pipeline owns
+        this output (checked before a pipeline's first batch: before any work)."""
+        store = open_store(self.url, settings)
+        check_owner(store, pipeline)
+        batches = committed_batches(store)
+        if batches:
+            _check_entry_owner(store, batches[-1], pipeline)
         return batches[-1] if batches else None
 
 
@@ -174,22 +197,82 @@ def is_published(store: ObjectStore, batch_id: int) -> bool:
     return store.exists(commit_key(batch_id))
 
 
+def owner_of(store: ObjectStore) -> str | None:
+    """The pipeline that claimed this output; None if none did (nothing published yet, or
+    only by a version that did not claim outputs)."""
+    try:
+        return str(json.loads(store.get(OWNER))["pipeline"])
+    except ObjectNotFoundError:
+        return None
+
+
+def check_owner(store: ObjectStore, pipeline: str) -> None:
+    """Refuse an output that another pipeline claimed."""
+    owner = owner_of(store)
+    if owner is not None and owner != pipeline:
+        raise _owned_by_another(store, owner, pipeline, f"{store.url}/{OWNER}")
+
+
+def claim_output(store: ObjectStore, pipeline: str) -> None:
+    """Make ``pipeline`` this output's owner unless one is recorded; refuse it if another
+    pipeline is, or (for an output published before owners were recorded) if another
+    pipeline wrote its newest entry. Of two pipelines claiming at once exactly one wins
+    (exclusive create)."""
+    if owner_of(store) is None:
+        batches = committed_batches(store)  # once per output: later publishes find the owner
+        if batches:
+            _check_entry_owner(store, batches[-1], pipeline)
+        body = json.dumps({"pipeline": pipeline}, sort_keys=True).encode()
+        with contextlib.suppress(AlreadyExistsError):
+            store.create(OWNER, body)
+    check_owner(store, pipeline)
+
+
+def _check_entry_owner(store: ObjectStore, batch_id: int, pipeline: str) -> None:
+    """Refuse a commit entry another pipeline wrote (also where no owner was claimed)."""
+    try:
+        entry = json.loads(store.get(commit_key(batch_id)))
+    except ObjectNotFoundError:
+        return
+    writer = entry.get("pipeline")
+    if writer is not None and writer != pipeline:
+        raise _owned_by_another(store, writer, pipeline, f"{store.url}/{commit_key(batch_id)}")
+
+
+def _owned_by_another(store: ObjectStore, owner: str, pipeline: str, seen_in: str) -> ConfigError:
+    return ConfigError(
+        f"pipeline {pipeline!r}: the Parquet output {store.url} belongs to pipeline "
+        f"{owner!r} ({seen_in}), so {pipeline!r} must not publish there: batch ids are each "
+        "pipeline's own, and its batches would be mixed with, or mistaken for, the other's. "
+        f"Give the sink of {pipeline!r} a location of its own."
+    )
+
+
 def publish_parquet(
     store: ObjectStore,
     batch_id: int,
     staged: Sequence[Staged],
     end_offsets: Mapping[str, int] | None = None,
     supersedes: Sequence[int] = (),
+    pipeline: str | None = None,
 ) -> bool:
-    """Make batch ``batch_id`` visible, replacing the undone batches ``supersedes`` (from
-    :func:`after_batch`); False if it already was visible (a rerun after a crash).
+    """Make batch ``batch_id`` of ``pipeline`` visible, replacing the undone batches
+    ``supersedes`` (from :func:`after_batch`); False if it already was visible (a rerun
+    after a crash). A :class:`ConfigError` if another pipeline owns the output or wrote
+    that batch's entry: it is never taken for this pipeline's.
 
     ``end_offsets`` maps ``"topic:partition"`` to the offset after the batch's input."""
     if is_published(store, batch_id):
+        if pipeline is not None:
+            _check_entry_owner(store, batch_id, pipeline)
+            check_owner(store, pipeline)
         return False
+    if pipeline is not None:
+        claim_output(store, pipeline)
     files = sorted(s.file for s in staged)
     body = {
         "batch": batch_id,
+        **({} if pipeline is None else {"pipeline": pipeline}),
         "files": files,
         "rows": sum(s.rows for s in staged),
         "end_offsets": dict(end_offsets or {}),
@@ -208,10 +291,15 @@ def awaiting_replacement(store: ObjectStore, undone: Iterable[int] = ()) -> Awai
     return {str(b): entries[b].get("end_offsets") for b in sorted(all_undone & visible)}
 
 
-def publish_rewind(store: ObjectStore, batch_id: int, undone: Sequence[int]) -> bool:
-    """Record that checkpoint ``batch_id`` rewinds the pipeline and undoes ``undone``:
+def publish_rewind(
+    store: ObjectStore, batch_id: int, undone: Sequence[int], pipeline: str | None = None
+) -> bool:
+    """Record that checkpoint ``batch_id`` rewinds ``pipeline`` and undoes ``undone``:
     their output stays visible until later batches supersede it."""
-    body = {"batch": batch_id, "files": [], "rows": 0, "undoes": sorted(undone)}
+    body: dict[str, Any] = {"batch": batch_id, "files": [], "rows": 0, "undoes": sorted(undone)}
+    if pipeline is not None:
+        claim_output(store, pipeline)
+        body["pipeline"] = pipeline
     return _create_entry(store, batch_id, body)
 
 

@@ -179,14 +179,23 @@ class LocalFileStore:
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        """An exclusive lock for ``key`` among every process using this folder."""
+        """An exclusive lock for ``key`` among every process using this folder. Failing to
+        take it (no file descriptor left, a read-only folder) is a :class:`StorageError`
+        like every other failure of this store, so callers that retry those retry it."""
         name = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
-        with open(self.root / f"{_TMP_PREFIX}lock-{name}", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            lock = open(self.root / f"{_TMP_PREFIX}lock-{name}", "a")  # noqa: SIM115
+        except OSError as e:
+            raise StorageError(f"locking {self.url}/{key} failed: {e}") from e
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError as e:
+                raise StorageError(f"locking {self.url}/{key} failed: {e}") from e
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _tag(data: bytes) -> str:
