@@ -70,12 +70,14 @@ $(BYTECODE): $(STAMP)
 	  { tail -5 $(VENV)/compileall.log; echo "(files that do not compile stay source-only)"; }
 	@touch $@
 
-# The Kafka broker's jars, Spark's Kafka connector (stage 1's JVM reader) and Delta Lake's
-# Spark connector (reading the Delta sink's tables), from Maven Central.
+# The Kafka broker's jars, Spark's Kafka connector (stage 1's JVM reader), Delta Lake's
+# Spark connector (reading the Delta sink's tables) and Apache Iceberg's Java library (the
+# test reading the Iceberg sink's tables with Iceberg's own reader), from Maven Central.
 jars: venv
 	@$(BIN)/python -c 'from microbatch.localstack.kafka import ensure_jars; from microbatch.settings import Settings; print("==> Kafka jars in", ensure_jars(Settings.from_env().home_path))'
 	@$(BIN)/python -c 'from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars; from microbatch.settings import Settings; print("==> Spark Kafka connector in", ensure_spark_kafka_jars(Settings.from_env().home_path)[0].parent)'
 	@$(BIN)/python -c 'from microbatch.localstack.delta_jars import ensure_delta_jars; from microbatch.settings import Settings; print("==> Delta Lake for Spark in", ensure_delta_jars(Settings.from_env().home_path)[0].parent)'
+	@$(BIN)/python -c 'from microbatch.localstack.iceberg_jars import ensure_iceberg_jars; from microbatch.settings import Settings; print("==> Apache Iceberg (Java) in", ensure_iceberg_jars(Settings.from_env().home_path)[0].parent)'
 
 setup: venv jars
 

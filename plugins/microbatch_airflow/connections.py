@@ -14,9 +14,13 @@ connection id           fields used
                         ``endpoint_url`` (omit for AWS), ``region_name``, ``bucket``
 ``microbatch_spark``    host (+ port) = master URL: ``local[*]``, ``spark://h``,
                         ``sc://h``, ``k8s://https://h``, ``yarn``
+``microbatch_postgres`` the PostgreSQL sinks' database (any connection type, e.g.
+                        ``postgres``): host, port, login, password, schema = the
+                        database; extra = libpq options (``{"sslmode": "require"}``)
 ======================  ============================================================
 
-Every secret of the resolved settings (the S3 secret key, the Kafka SASL password), from a
+Every secret of the resolved settings (the S3 secret key, the Kafka SASL password, the
+PostgreSQL DSN and its password), from a
 connection or a ``MICROBATCH_*`` variable, is registered with Airflow's secret masker on
 the way out: task logs, rendered template fields and the triggerer's log show ``***``.
 """
@@ -30,6 +34,7 @@ from microbatch.settings import Settings
 KAFKA_CONN_ID = "microbatch_kafka"
 S3_CONN_ID = "microbatch_s3"
 SPARK_CONN_ID = "microbatch_spark"
+POSTGRES_CONN_ID = "microbatch_postgres"
 
 
 def kafka_overrides(conn: Any) -> dict[str, str]:
@@ -75,6 +80,23 @@ def spark_overrides(conn: Any) -> dict[str, str]:
     return {"spark_master": master}
 
 
+def postgres_overrides(conn: Any) -> dict[str, str]:
+    """The connection as a libpq DSN (keyword form: values quoted as libpq wants)."""
+    from psycopg.conninfo import make_conninfo
+
+    if not conn.host:
+        return {}
+    params = {
+        "host": conn.host,
+        "port": conn.port,
+        "user": conn.login,
+        "password": conn.password,
+        "dbname": conn.schema,
+        **{k: v for k, v in conn.extra_dejson.items() if isinstance(v, str | int)},
+    }
+    return {"postgres_dsn": make_conninfo(**{k: v for k, v in params.items() if v})}
+
+
 def _optional_connection(conn_id: str | None) -> Any | None:
     if not conn_id:
         return None
@@ -105,6 +127,7 @@ def _overrides(conns: dict[str, Any]) -> dict[str, str]:
         ("kafka", kafka_overrides),
         ("s3", s3_overrides),
         ("spark", spark_overrides),
+        ("postgres", postgres_overrides),
     ):
         if conns.get(kind) is not None:
             overrides.update(translate(conns[kind]))
@@ -115,14 +138,17 @@ async def asettings_from_airflow(
     kafka_conn_id: str | None = KAFKA_CONN_ID,
     s3_conn_id: str | None = S3_CONN_ID,
     spark_conn_id: str | None = SPARK_CONN_ID,
+    postgres_conn_id: str | None = None,
 ) -> Settings:
-    """:func:`settings_from_airflow` for async code (triggers run in the triggerer)."""
+    """:func:`settings_from_airflow` for async code (triggers run in the triggerer; they
+    read Kafka and S3 only, so no PostgreSQL connection unless asked)."""
     from airflow.sdk.log import amask_secret
 
     conns = {
         "kafka": await _aoptional_connection(kafka_conn_id),
         "s3": await _aoptional_connection(s3_conn_id),
         "spark": await _aoptional_connection(spark_conn_id),
+        "postgres": await _aoptional_connection(postgres_conn_id),
     }
     settings = Settings.from_env(**_overrides(conns))
     for secret in settings.secret_values():
@@ -134,12 +160,14 @@ def settings_from_airflow(
     kafka_conn_id: str | None = KAFKA_CONN_ID,
     s3_conn_id: str | None = S3_CONN_ID,
     spark_conn_id: str | None = SPARK_CONN_ID,
+    postgres_conn_id: str | None = POSTGRES_CONN_ID,
 ) -> Settings:
     """Settings for a task: each defined connection overrides its part of the env."""
     conns = {
         "kafka": _optional_connection(kafka_conn_id),
         "s3": _optional_connection(s3_conn_id),
         "spark": _optional_connection(spark_conn_id),
+        "postgres": _optional_connection(postgres_conn_id),
     }
     settings = Settings.from_env(**_overrides(conns))
     mask_settings(settings)

@@ -36,7 +36,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from microbatch_airflow.connections import KAFKA_CONN_ID, S3_CONN_ID, SPARK_CONN_ID
+from microbatch_airflow.connections import (
+    KAFKA_CONN_ID,
+    POSTGRES_CONN_ID,
+    S3_CONN_ID,
+    SPARK_CONN_ID,
+)
 
 DEFAULT_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 #: ``microbatch_dag(schedule=ON_NEW_DATA)``: event-driven runs only.
@@ -65,6 +70,7 @@ def microbatch_dag(
     kafka_conn_id: str | None = KAFKA_CONN_ID,
     s3_conn_id: str | None = S3_CONN_ID,
     spark_conn_id: str | None = SPARK_CONN_ID,
+    postgres_conn_id: str | None = POSTGRES_CONN_ID,
     tags: Sequence[str] = (),
     doc_md: str | None = None,
     kafka_repeats_on_backfill: bool = False,
@@ -147,6 +153,7 @@ def microbatch_dag(
             kafka_conn_id=kafka_conn_id,
             s3_conn_id=s3_conn_id,
             spark_conn_id=spark_conn_id,
+            postgres_conn_id=postgres_conn_id,
         )
         check >> batch
     return dag

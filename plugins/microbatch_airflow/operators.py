@@ -34,6 +34,7 @@ from microbatch.errors import ExitCode, MicrobatchError, exit_code
 from microbatch.settings import Settings
 from microbatch_airflow.connections import (
     KAFKA_CONN_ID,
+    POSTGRES_CONN_ID,
     S3_CONN_ID,
     SPARK_CONN_ID,
     settings_from_airflow,
@@ -48,6 +49,7 @@ class _UsesSettings:
     kafka_conn_id: str | None = None
     s3_conn_id: str | None = None
     spark_conn_id: str | None = None
+    postgres_conn_id: str | None = None
     _settings: Settings | None = None
 
     def task_settings(self) -> Settings:
@@ -55,7 +57,10 @@ class _UsesSettings:
         if self._settings is None:
             try:
                 self._settings = settings_from_airflow(
-                    self.kafka_conn_id, self.s3_conn_id, self.spark_conn_id
+                    self.kafka_conn_id,
+                    self.s3_conn_id,
+                    self.spark_conn_id,
+                    self.postgres_conn_id,
                 )
             except MicrobatchError as exc:
                 raise task_failure(str(exc), exit_code(exc)) from None
@@ -122,6 +127,7 @@ class MicrobatchJobOperator(_StopsItsJob, BaseOperator):
         kafka_conn_id: str | None = KAFKA_CONN_ID,
         s3_conn_id: str | None = S3_CONN_ID,
         spark_conn_id: str | None = SPARK_CONN_ID,
+        postgres_conn_id: str | None = POSTGRES_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -130,6 +136,7 @@ class MicrobatchJobOperator(_StopsItsJob, BaseOperator):
         self.kafka_conn_id = kafka_conn_id
         self.s3_conn_id = s3_conn_id
         self.spark_conn_id = spark_conn_id
+        self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         from microbatch.runner import run_job
@@ -194,6 +201,7 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         kafka_conn_id: str | None = KAFKA_CONN_ID,
         s3_conn_id: str | None = S3_CONN_ID,
         spark_conn_id: str | None = SPARK_CONN_ID,
+        postgres_conn_id: str | None = POSTGRES_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -212,6 +220,7 @@ class MicrobatchBatchOperator(_StopsItsJob, BaseOperator):
         self.kafka_conn_id = kafka_conn_id
         self.s3_conn_id = s3_conn_id
         self.spark_conn_id = spark_conn_id
+        self.postgres_conn_id = postgres_conn_id
 
     def batch_args(self, context: Any) -> tuple[list[str], bool]:
         from microbatch_airflow.params import batch_cli_args

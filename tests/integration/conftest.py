@@ -19,3 +19,10 @@ def admin(bootstrap) -> Iterator:
     client = KafkaAdminClient(bootstrap_servers=bootstrap)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(postgres) -> str:
+    """A database of the run's PostgreSQL for the PostgreSQL sink's tables."""
+    postgres.create_database("sinks")
+    return postgres.dsn("sinks")

@@ -18,8 +18,12 @@ from microbatch.runtime import (
     Pipeline,
     ProcessContext,
 )
+from microbatch.sinks import PostgresSink
 
 COUNT_SCHEMA = pa.schema([("user", pa.string()), ("clicks", pa.int64()), ("total", pa.int64())])
+PG_SCHEMA = pa.schema(
+    [pa.field("user", pa.string(), nullable=False), ("clicks", pa.int64()), ("total", pa.int64())]
+)
 
 
 class CountClicks(KeyedProcessFunction):
@@ -55,13 +59,22 @@ def count_pipeline(
     on_process_error: str = "fail",
     parallelism: int = 2,
     kafka_first: bool = False,
+    postgres: tuple[str, str] | None = None,
 ) -> Pipeline:
     """Click counts per user to Parquet (and to ``out_topic``; published first if
-    ``kafka_first``, so a crash while publishing can leave its transaction open)."""
+    ``kafka_first``, so a crash while publishing can leave its transaction open).
+    ``postgres`` = (dsn, table prefix): also to PostgreSQL, published first — the users'
+    totals upserted into ``<prefix>_totals`` and every row appended to ``<prefix>_log``."""
     sinks: list[Any] = [ParquetSink("counts", f"{root}/counts", COUNT_SCHEMA)]
     if out_topic is not None:
         kafka = KafkaSink("counts_topic", out_topic, key_field="user")
         sinks.insert(0 if kafka_first else 1, kafka)
+    if postgres is not None:
+        dsn, prefix = postgres
+        sinks[:0] = [
+            PostgresSink("totals_pg", f"{prefix}_totals", PG_SCHEMA, key="user", dsn=dsn),
+            PostgresSink("log_pg", f"{prefix}_log", PG_SCHEMA, mode="append", dsn=dsn),
+        ]
     return Pipeline(
         name="counts",
         source=KafkaSource(topics=(topic,), max_records_per_batch=max_records_per_batch),

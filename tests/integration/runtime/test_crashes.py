@@ -1,15 +1,19 @@
 """Crash at every point of the commit protocol, rerun, and compare with a clean run.
 
-Identical Parquet rows, identical ``read_committed`` Kafka output, identical dead letters
-and identical state — also when the rerun asks for another parallelism.
+Identical Parquet rows, identical ``read_committed`` Kafka output, identical PostgreSQL
+tables (upserted totals, appended rows), identical dead letters and identical state — also
+when the rerun asks for another parallelism.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
@@ -38,14 +42,25 @@ def all_state(root: Path) -> dict[bytes, Any]:
     return {kg: backend.export_rows(kg) for kg in range(manifest.max_parallelism)}
 
 
-def outcome(root: Path, bootstrap: str, out_topic: str) -> dict[str, Any]:
+def pg_tables(dsn: str, root: Path) -> tuple[str, str]:
+    """(dsn, table prefix) of a run's PostgreSQL sinks: a prefix per run folder."""
+    return dsn, "counts_" + hashlib.sha256(str(root).encode()).hexdigest()[:10]
+
+
+def outcome(root: Path, bootstrap: str, out_topic: str, dsn: str) -> dict[str, Any]:
     def rows(name: str) -> list[dict]:
         return sorted(
             read_parquet_sink(str(root / name)).to_pylist(),
             key=lambda r: tuple(str(v) for v in r.values()),
         )
 
+    _, prefix = pg_tables(dsn, root)
+    with psycopg.connect(dsn) as conn:
+        totals = conn.execute(f'SELECT "user", total FROM {prefix}_totals ORDER BY 1')
+        log = conn.execute(f'SELECT "user", clicks, total FROM {prefix}_log ORDER BY 1, 3')
+        pg = {"totals": dict(totals.fetchall()), "log": log.fetchall()}
     return {
+        "pg": pg,
         "counts": rows("counts"),
         "dead": rows("dead"),
         "kafka": sorted(((m.key, m.value) for m in read_topic(bootstrap, out_topic)), key=str),
@@ -53,10 +68,17 @@ def outcome(root: Path, bootstrap: str, out_topic: str) -> dict[str, Any]:
     }
 
 
-def run_three(spark, settings, topic, root: Path, out_topic: str, crash_at: str | None) -> None:
+def run_three(
+    spark, settings, topic, root: Path, out_topic: str, dsn: str, crash_at: str | None
+) -> None:
     """Batch 0 at P=2, batch 1 at P=2 (crashing if asked, then rerun asking P=3), batch 2."""
     pipe = count_pipeline(
-        topic, str(root), out_topic=out_topic, max_records_per_batch=50, parallelism=2
+        topic,
+        str(root),
+        out_topic=out_topic,
+        max_records_per_batch=50,
+        parallelism=2,
+        postgres=pg_tables(dsn, root),
     )
     BatchRunner(spark, pipe, settings).run(BatchOptions(run_id="r0"))
     if crash_at is not None:
@@ -69,26 +91,31 @@ def run_three(spark, settings, topic, root: Path, out_topic: str, crash_at: str 
 
 
 @pytest.fixture(scope="module")
-def clean(spark, kafka_settings, bootstrap, admin, source_topic, tmp_path_factory):
+def clean(spark, kafka_settings, bootstrap, admin, source_topic, postgres_dsn, tmp_path_factory):
     root = tmp_path_factory.mktemp("clean")
     out_topic = new_topic(admin, 2)
-    run_three(spark, kafka_settings, source_topic, root, out_topic, None)
-    return outcome(root, bootstrap, out_topic)
+    run_three(spark, kafka_settings, source_topic, root, out_topic, postgres_dsn, None)
+    return outcome(root, bootstrap, out_topic, postgres_dsn)
 
 
 def test_clean_run_is_complete(clean) -> None:
     assert sum(r["clicks"] for r in clean["counts"]) == 90
-    assert len(clean["kafka"]) == len(clean["counts"])
-    assert len(clean["dead"]) == 2
+    by_user = collections.Counter()
+    for r in clean["counts"]:
+        by_user[r["user"]] += r["clicks"]
+    assert clean["pg"]["totals"] == dict(by_user)  # the last total per user: its count
+    appended = sorted((r["user"], r["clicks"], r["total"]) for r in clean["counts"])
+    assert sorted(clean["pg"]["log"]) == appended  # every row once
 
 
 @pytest.mark.parametrize("crash_at", CRASH_POINTS)
 def test_crash_then_rerun_equals_the_clean_run(
-    crash_at, clean, spark, kafka_settings, bootstrap, admin, source_topic, tmp_path
+    crash_at, clean, spark, kafka_settings, bootstrap, admin, source_topic, postgres_dsn, tmp_path
 ) -> None:
     out_topic = new_topic(admin, 2)
-    run_three(spark, kafka_settings, source_topic, tmp_path, out_topic, crash_at)
-    got = outcome(tmp_path, bootstrap, out_topic)
+    run_three(spark, kafka_settings, source_topic, tmp_path, out_topic, postgres_dsn, crash_at)
+    got = outcome(tmp_path, bootstrap, out_topic, postgres_dsn)
+    assert got["pg"] == clean["pg"]
     assert got["counts"] == clean["counts"]
     assert got["kafka"] == clean["kafka"]
     assert got["dead"] == clean["dead"]

@@ -6,7 +6,12 @@ import pytest
 from airflow.sdk import Connection
 
 from microbatch import Settings
-from microbatch_airflow.connections import kafka_overrides, s3_overrides, spark_overrides
+from microbatch_airflow.connections import (
+    kafka_overrides,
+    postgres_overrides,
+    s3_overrides,
+    spark_overrides,
+)
 
 
 def test_kafka_connection_prefers_bootstrap_servers_extra_over_host():
@@ -82,3 +87,31 @@ def test_spark_connection_becomes_a_master_url(host, port, master):
     conn = Connection(conn_id="sp", conn_type="spark", host=host, port=port)
 
     assert spark_overrides(conn) == {"spark_master": master}
+
+
+def test_postgres_connection_becomes_the_sinks_dsn_and_its_password_is_masked():
+    conn = Connection(
+        conn_id="p",
+        conn_type="postgres",
+        host="db.internal",
+        port=5432,
+        login="writer",
+        password="pa ss'word",
+        schema="analytics",
+        extra='{"sslmode": "require"}',
+    )
+
+    settings = Settings.from_env(env={}, **postgres_overrides(conn))
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    assert conninfo_to_dict(settings.postgres_dsn) == {
+        "host": "db.internal",
+        "port": "5432",
+        "user": "writer",
+        "password": "pa ss'word",
+        "dbname": "analytics",
+        "sslmode": "require",
+    }
+    assert "pa ss'word" in settings.secret_values()
+    assert "pa ss" not in repr(settings)

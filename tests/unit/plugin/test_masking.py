@@ -39,6 +39,7 @@ def test_secrets_from_the_environment_are_redacted_in_rendered_fields_and_log_li
         kafka_conn_id=None,  # no Airflow connection: the secrets come from MICROBATCH_*
         s3_conn_id=None,
         spark_conn_id=None,
+        postgres_conn_id=None,
     )
     context = {
         "params": {"note": f"password was {SASL_PASSWORD}"},

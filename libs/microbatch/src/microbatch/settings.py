@@ -83,7 +83,7 @@ AWS_CREDENTIAL_VARIABLES = (
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
 )
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
-_SECRET_FIELDS = frozenset({"s3_secret_access_key", "kafka_sasl_password"})
+_SECRET_FIELDS = frozenset({"s3_secret_access_key", "kafka_sasl_password", "postgres_dsn"})
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SPARK_LOG_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
@@ -110,6 +110,9 @@ class Settings:
     state_cache_dir: str = ""
     state_cache_memory_mb: int = 256
     state_cache_disk_mb: int = 10240
+    #: The PostgreSQL sinks' database when a sink names none (a libpq DSN or URI; it may
+    #: hold a password, so it is masked like the other secrets).
+    postgres_dsn: str = ""
 
     def __post_init__(self) -> None:
         for name in ("state_cache_memory_mb", "state_cache_disk_mb"):
@@ -319,8 +322,11 @@ class Settings:
 
     def secret_values(self) -> list[str]:
         """The values of the secret settings that are set (S3 secret key, Kafka SASL
-        password): what a host such as Airflow must mask wherever it shows text."""
-        return [str(getattr(self, name)) for name in sorted(_SECRET_FIELDS) if getattr(self, name)]
+        password, the PostgreSQL DSN and its password): what a host such as Airflow must
+        mask wherever it shows text."""
+        values = [str(getattr(self, n)) for n in sorted(_SECRET_FIELDS) if getattr(self, n)]
+        password = dsn_password(self.postgres_dsn)
+        return [*values, password] if password else values
 
     def redacted(self) -> dict[str, str]:
         """The settings with secrets masked: safe for logs, XCom and UI pages."""
@@ -332,6 +338,18 @@ class Settings:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.redacted().items())
         return f"Settings({fields})"
+
+
+def dsn_password(dsn: str) -> str:
+    """The password a libpq DSN or URI holds ("" if none or unparsable)."""
+    if not dsn:
+        return ""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        return str(conninfo_to_dict(dsn).get("password") or "")
+    except Exception:  # a DSN psycopg cannot parse: the sink reports it when it connects
+        return ""
 
 
 def is_loopback_url(url: str) -> bool:

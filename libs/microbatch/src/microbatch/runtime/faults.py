@@ -35,6 +35,7 @@ PAUSE_POINTS = (
     "before_commit",
     "before_publish",
     "in_kafka_transaction",  # a Kafka sink's messages sent, its transaction not committed
+    "in_postgres_transaction",  # a PostgreSQL sink's rows written, its transaction open
     "after_rewind_commit",  # a rewind (replay, backfill) committed, not published
     "during_reshard",  # a reshard's state files written, its manifest not committed
     "during_gc",  # GC deleted old manifests, not yet the files only they referenced
