@@ -126,7 +126,7 @@ soak: setup
 	@MICROBATCH_SOAK_ROUNDS=$(ROUNDS) MICROBATCH_SOAK_SEED=$${SEED:-7} \
 	  $(BIN)/pytest tests/integration/runtime/test_soak.py -q -s $(PYTEST_ARGS)
 
-demo: setup
+demo: setup postgres
 	@$(BIN)/python -m microbatch.demo --job jobs/clickstream.py
 
 ## ---- services ----------------------------------------------------------------------

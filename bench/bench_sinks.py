@@ -1,4 +1,4 @@
-"""The PostgreSQL sink's publish against a raw ``COPY`` of the same rows, one run.
+"""The PostgreSQL sink against a raw ``COPY``, and the Iceberg sink against the Parquet sink.
 
 One batch of ``--rows`` session rows of the clickstream's shape (``user_id``,
 ``session_start``, ``session_end``, ``clicks``, ``pages`` (a list of strings), ``segment``;
@@ -21,7 +21,14 @@ staging (Arrow → Parquet per instance, in Spark tasks) is timed apart. Reporte
 and best rows/s of each, and the ratio of medians to the reference. Target:
 upsert (new keys) / copy >= 0.5.
 
+**Iceberg**: the same batch, as records per instance (what stage 2 hands a sink), through
+``ParquetSink`` and ``IcebergSink`` (an embedded SQLite catalog, a local warehouse), stage
+of every instance then publish, as the runtime calls them, each round a new batch into the
+same table (it grows as a real one does); rotated, medians and bests. Target: Iceberg /
+Parquet <= 1.2.
+
     .venv/bin/python bench/bench_sinks.py [--rows 1000000 | --quick] [--rounds 3]
+                                          [--only postgres|iceberg]
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="100k rows, 3 rounds")
+    parser.add_argument("--only", choices=("postgres", "iceberg"))
     args = parser.parse_args()
     if args.quick:
         args.rows = 100_000
@@ -104,12 +112,74 @@ def main() -> None:
     parts = make_rows(args.rows)
     with tempfile.TemporaryDirectory(prefix="bench-sinks-") as tmp:
         os.chmod(tmp, 0o755)  # the server runs as the postgres account when we are root
-        server = PostgresServer(free_port_block([0]), Path(tmp) / "pg")
-        server.start()
-        try:
-            run(args, parts, server.dsn(), Path(tmp) / "checkpoints")
-        finally:
-            server.stop()
+        if args.only != "iceberg":
+            server = PostgresServer(free_port_block([0]), Path(tmp) / "pg")
+            server.start()
+            try:
+                run(args, parts, server.dsn(), Path(tmp) / "checkpoints")
+            finally:
+                server.stop()
+        if args.only != "postgres":
+            run_iceberg(args, parts, Path(tmp) / "lake")
+
+
+def run_iceberg(args: argparse.Namespace, parts: list[pa.Table], root: Path) -> None:
+    from microbatch.sinks import IcebergCatalog, IcebergSink, ParquetSink
+
+    settings = Settings.from_env()
+    ck = open_store(str(root / "checkpoints"), settings)
+    catalog = IcebergCatalog.sql(f"sqlite:///{root / 'catalog.db'}", (root / "wh").as_uri())
+    sinks = {
+        "parquet": ParquetSink("s", str(root / "parquet"), SCHEMA),
+        "iceberg": IcebergSink("s", "bench.sessions", SCHEMA, catalog=catalog),
+    }
+    records = [p.to_pylist() for p in parts]  # what stage 2 hands a sink
+    batch = iter(range(10**6))
+    times: dict[str, list[float]] = {name: [] for name in sinks}
+
+    def one_batch(name: str) -> float:
+        sink, batch_id, attempt = sinks[name], next(batch), uuid.uuid4().hex[:8]
+        t0 = time.perf_counter()
+        staged = tuple(
+            sink.stage(StageContext("bench", batch_id, i, settings, ck, Layout(), attempt), rows)
+            for i, rows in enumerate(records)
+        )
+        ends = {"sessions:0": batch_id + 1}
+        sink.publish(PublishContext("bench", batch_id, settings, ck, Layout(), staged, ends))
+        return time.perf_counter() - t0
+
+    for name in sinks:  # warm-up: imports, the catalog, the table's creation
+        one_batch(name)
+    names = list(sinks)
+    for r in range(args.rounds):
+        for name in names[r % 2 :] + names[: r % 2]:
+            times[name].append(one_batch(name))
+        shown = ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names)
+        print(f"  round {r + 1}: {shown}  (load {os.getloadavg()[0]:.1f})", flush=True)
+    n = args.rows
+    med = {name: statistics.median(t) for name, t in times.items()}
+    rows = [("rows per batch", f"{n:,}", f"{INSTANCES} instances, records, {args.rounds} rounds")]
+    for name in names:
+        rows.append(
+            (
+                f"{name} stage+publish",
+                f"{n / med[name]:,.0f} rows/s",
+                f"median {med[name]:.2f} s, best {min(times[name]):.2f} s",
+            )
+        )
+    rows.append(
+        (
+            "iceberg / parquet",
+            f"{med['iceberg'] / med['parquet']:.3f}",
+            f"target <= 1.2 (ratio of medians; load {os.getloadavg()[0]:.1f}/"
+            f"{os.cpu_count()} cpus)",
+        )
+    )
+    print_table(rows)
+    from pyiceberg.utils.concurrent import ExecutorFactory
+
+    if ExecutorFactory._instance is not None:  # its idle workers would hold the exit
+        ExecutorFactory._instance.shutdown(wait=True)
 
 
 def run(args: argparse.Namespace, parts: list[pa.Table], dsn: str, ck_dir: Path) -> None:

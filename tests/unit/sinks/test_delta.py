@@ -66,7 +66,6 @@ def test_a_batch_commits_once_with_its_app_transaction(tmp_path: Path) -> None:
     assert rows(tmp_path) == [("a", 1), ("b", 2)]
     assert [(c["txn"], c["adds"]) for c in data_commits(tmp_path)] == [([0], 1), ([1], 1)]
     assert t.last_published() == 1
-    assert target(tmp_path).sink.last_published(SETTINGS, "other") is None
 
 
 def test_two_publishes_of_one_batch_from_one_snapshot_commit_once(tmp_path: Path) -> None:

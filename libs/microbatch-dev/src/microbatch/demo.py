@@ -1,13 +1,15 @@
 """``make demo``: the clickstream pipeline end to end, with a rescale and a killed batch.
 
-1. Start Kafka and SeaweedFS (unless running or external) and the profile service.
+1. Start Kafka, SeaweedFS and PostgreSQL (unless running or external) and the profile
+   service.
 2. Produce a realistic clickstream (some malformed clicks), run batch 0 at parallelism 2.
 3. Produce more clicks (some of them late), run batch 1 at parallelism 3 in a separate
    process and **kill it** (SIGKILL) mid-way; rerun it.
 4. Once the partitions are idle, run a last batch: the watermark passes every session.
 5. Print a summary and an exactly-once check: the sessions in Parquet, in the Delta table
-   (read with deltalake) and in the Kafka topic (``read_committed``) against a reference
-   computed in plain Python from the produced clicks — no duplicate, no missing session.
+   (read with deltalake), in the Kafka topic (``read_committed``), in the PostgreSQL table
+   (psycopg) and in the Iceberg table (pyiceberg) against a reference computed in plain
+   Python from the produced clicks — no duplicate, no missing session.
 
 Everything lives under a fresh namespace per run (topics ``clicks-<run>`` ...,
 ``s3://<bucket>/demo-<run>/``), so the demo can run any number of times. Services this
@@ -17,6 +19,7 @@ command started are stopped at the end; the full log is ``$MICROBATCH_HOME/demo.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +34,7 @@ from typing import Any
 from microbatch.errors import MicrobatchError
 from microbatch.examples.clicks import MALFORMED, MINUTE_MS, T0, generate_clicks
 from microbatch.examples.profile_service import ProfileService
-from microbatch.localstack import LocalStack, stop_on_sigterm
+from microbatch.localstack import LocalStack, PostgresServer, stop_on_sigterm
 from microbatch.localstack.topics import create_topics, produce, read_topic
 from microbatch.settings import Settings
 
@@ -78,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     external = {
         "kafka": "MICROBATCH_KAFKA_BOOTSTRAP_SERVERS" in os.environ,
         "seaweedfs": "MICROBATCH_S3_ENDPOINT_URL" in os.environ,
+        "postgres": "MICROBATCH_POSTGRES_DSN" in os.environ,
     }
     started: list[str] = []
     profiles = None
     t0 = time.monotonic()
     try:
-        for name in ("kafka", "seaweedfs"):
+        for name in ("kafka", "seaweedfs", "postgres"):
             if external[name] or stack.services[name].process.pid() is not None:
                 print(f"[stack] {name}: using the running/external service")
                 continue
@@ -92,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             stack.start(name)
             started.append(name)
             print(f"[stack] {name} ready in {time.monotonic() - step:.1f} s", flush=True)
+        if not external["postgres"]:
+            server = stack.services["postgres"]
+            assert isinstance(server, PostgresServer)
+            server.create_database("demo")
+            settings = dataclasses.replace(settings, postgres_dsn=server.dsn("demo"))
         profiles = ProfileService(latency_ms=10, error_rate=0.05, log=log_path)
         print(f"[profiles] profile service on {profiles.url} (10 ms latency, 5% errors)")
         return run_demo(args, settings, profiles, log_path, t0)
@@ -118,7 +127,7 @@ def run_demo(
         reference_sessions,
     )
     from microbatch.runtime import BatchOptions, BatchRunner
-    from microbatch.sinks import read_delta_sink, read_parquet_sink
+    from microbatch.sinks import read_delta_sink, read_iceberg_sink, read_parquet_sink
     from microbatch.spark import spark_session
     from microbatch.storage import open_store
 
@@ -130,6 +139,8 @@ def run_demo(
         profile_url=profiles.url,
         parallelism=2,
         idle_timeout_s=10.0,
+        postgres_table=f"sessions_{run.replace('-', '_')}",
+        iceberg_table=f"demo.sessions_{run.replace('-', '_')}",
     )
     pipeline = clickstream_pipeline(config)
     bootstrap = settings.kafka_bootstrap_servers
@@ -193,6 +204,9 @@ def run_demo(
     kafka = sorted(
         (json.loads(m.value) for m in read_topic(bootstrap, config.sessions_topic)), key=key
     )
+    postgres = sorted(read_postgres(settings.postgres_dsn, config.postgres_table), key=key)
+    iceberg_sink = next(s for s in pipeline.sinks if s.name == "sessions_iceberg")
+    iceberg = sorted(read_iceberg_sink(iceberg_sink, settings).to_pylist(), key=key)
     dead = read_topic(bootstrap, config.dead_letter_topic)
     reasons: dict[str, int] = {}
     for m in dead:
@@ -230,9 +244,21 @@ def run_demo(
     print(f"exactly-once check (reference: {len(expected):,} closed sessions, plain Python):")
     ok = check("Parquet (committed)", parquet) & check("Kafka (read_committed)", kafka)
     ok &= check("Delta (deltalake)", delta)
+    ok &= check("PostgreSQL (psycopg)", postgres)
+    ok &= check("Iceberg (pyiceberg)", iceberg)
     ok &= reasons.get("late", 0) == len(late)
     print(f"\n{'OK' if ok else 'MISMATCH'} in {time.monotonic() - t0:.0f} s  (log: {log})")
     return 0 if ok else 1
+
+
+def read_postgres(dsn: str, table: str) -> list[dict[str, Any]]:
+    """The PostgreSQL sink's rows, as the other sinks' readers give them."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    columns = "user_id, session_start, session_end, clicks, pages, segment"
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        return conn.execute(f"SELECT {columns} FROM {table}").fetchall()
 
 
 if __name__ == "__main__":

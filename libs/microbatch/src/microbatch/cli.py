@@ -243,8 +243,12 @@ def cmd_optimize(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         if newest is not None:
             recover(store, Layout(), pipeline, settings, newest, held)
         target = sink.target(settings, pipeline.name)
-        out = {"pipeline": pipeline.name, "sink": sink.name, **target.optimize(args.dry_run)}
+        # A stalled optimize must not commit after its lease passed to a batch run: the
+        # run's publish and GC no longer expect it.
+        summary = target.optimize(args.dry_run, lambda: held.check("the optimize's commit"))
+        out = {"pipeline": pipeline.name, "sink": sink.name, **summary}
         if args.vacuum:
+            held.check("the vacuum")
             out["vacuumed"] = target.vacuum(args.retention_hours, dry_run=args.dry_run)
     return out
 

@@ -32,7 +32,7 @@ from microbatch.runtime import (
     Pipeline,
     ProcessContext,
 )
-from microbatch.sinks import DeltaSink
+from microbatch.sinks import DeltaSink, IcebergSink, PostgresSink
 
 GAP_MS = 30 * 60 * 1000
 SESSION_SCHEMA = pa.schema(
@@ -199,6 +199,12 @@ class ClickstreamConfig:
     allowed_lateness_s: float = 60.0
     idle_timeout_s: float = 30.0
     enrichment_deadline_s: float | None = 60.0
+    #: Also upsert the sessions into this PostgreSQL table (the database:
+    #: ``MICROBATCH_POSTGRES_DSN``); empty: no PostgreSQL sink.
+    postgres_table: str = ""
+    #: Also write the sessions to this Iceberg table (``namespace.name``, the embedded
+    #: catalog under the microbatch home); empty: no Iceberg sink.
+    iceberg_table: str = ""
 
     #: Environment variables (``MICROBATCH_CLICKSTREAM_<FIELD>``) override the fields.
     ENV_PREFIX = "MICROBATCH_CLICKSTREAM_"
@@ -236,6 +242,17 @@ class ClickstreamConfig:
         }
 
 
+def optional_sinks(config: ClickstreamConfig) -> list[Any]:
+    """The PostgreSQL and Iceberg sinks, where the config names their tables."""
+    sinks: list[Any] = []
+    if config.postgres_table:
+        key = ("user_id", "session_start")
+        sinks.append(PostgresSink("sessions_pg", config.postgres_table, SESSION_SCHEMA, key=key))
+    if config.iceberg_table:
+        sinks.append(IcebergSink("sessions_iceberg", config.iceberg_table, SESSION_SCHEMA))
+    return sinks
+
+
 def clickstream_pipeline(config: ClickstreamConfig = ClickstreamConfig()) -> Pipeline:
     return Pipeline(
         name="clickstream",
@@ -255,6 +272,7 @@ def clickstream_pipeline(config: ClickstreamConfig = ClickstreamConfig()) -> Pip
             ParquetSink("sessions", f"{config.root}/sessions", SESSION_SCHEMA),
             DeltaSink("sessions_delta", f"{config.root}/sessions_delta", SESSION_SCHEMA),
             KafkaSink("sessions_topic", config.sessions_topic, key_field="user_id"),
+            *optional_sinks(config),
         ],
         dead_letters=DeadLetterSink(topic=config.dead_letter_topic, max_ratio=0.2),
         checkpoints=f"{config.root}/checkpoints",

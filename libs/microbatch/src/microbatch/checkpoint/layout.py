@@ -3,6 +3,8 @@
 ::
 
     <prefix>manifests/<id:020d>.json                       commit points, one per checkpoint
+    <prefix>manifests/floor-<id:020d>                      retention removed every id below
+    <prefix>pins/<copy:020d>-<source:020d>-<token>         a rewind copying a checkpoint
     <prefix>state/<id:020d>/<instance:05d>-<attempt>.run.arrow    an instance's run of a batch
     <prefix>state/<id:020d>/<instance:05d>-<attempt>.index.arrow  ... and its block index
     <prefix>state/<id:020d>/<instance:05d>-<attempt>.arrow  a state file (format 1)
@@ -16,6 +18,11 @@
 Zero-padded ids make a plain sorted listing chronological. ``attempt`` is random per
 attempt of a batch, so a retried, racing or stalled (zombie) attempt never overwrites a
 file a manifest may reference: the manifest names the files of the attempt that committed.
+
+A retention floor sits next to the manifests, so the one listing that finds the
+checkpoints also finds it: a manifest below the floor is one retention removed, or one a
+stalled attempt created after that (never a committed checkpoint). A pin says a rewind is
+copying checkpoint ``source`` as checkpoint ``copy``, for GC (:mod:`.gc`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from microbatch.errors import CheckpointError
 
 _MANIFEST = re.compile(r"manifests/(\d{20})\.json$")
 #: A format-1 state file, or a run's data (``.run.arrow``) or index (``.index.arrow``).
+_FLOOR = re.compile(r"manifests/floor-(\d{20})$")
+_PIN = re.compile(r"pins/(\d{20})-\d{20}-[0-9a-f]+$")
 _STATE = re.compile(r"state/(\d{20})/\d{5}-[0-9a-f]+(\.run|\.index)?\.arrow$")
 
 
@@ -62,6 +71,29 @@ class Layout:
     def manifest_id(self, key: str) -> int | None:
         """The checkpoint id of a manifest key, None for anything else."""
         m = _MANIFEST.search(key[len(self.prefix) :])
+        return int(m.group(1)) if m else None
+
+    def floor_key(self, first_retained: int) -> str:
+        """The retention floor: every checkpoint below ``first_retained`` is removed."""
+        return f"{self.manifests}floor-{check_checkpoint_id(first_retained):020d}"
+
+    def floor_id(self, key: str) -> int | None:
+        """The first retained id a retention floor key names, None for anything else."""
+        m = _FLOOR.search(key[len(self.prefix) :])
+        return int(m.group(1)) if m else None
+
+    @property
+    def pins(self) -> str:
+        return f"{self.prefix}pins/"
+
+    def pin_key(self, copy_id: int, source_id: int, token: str) -> str:
+        """A rewind's pin: it is copying checkpoint ``source_id`` as ``copy_id``."""
+        copy_id, source_id = check_checkpoint_id(copy_id), check_checkpoint_id(source_id)
+        return f"{self.pins}{copy_id:020d}-{source_id:020d}-{token}"
+
+    def pin_copy_id(self, key: str) -> int | None:
+        """The checkpoint id a pinning rewind is to commit, None for anything else."""
+        m = _PIN.search(key[len(self.prefix) :])
         return int(m.group(1)) if m else None
 
     def state_id(self, key: str) -> int | None:

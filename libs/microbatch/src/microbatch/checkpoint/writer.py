@@ -273,7 +273,12 @@ def _merged_runs(
 
 
 def commit_manifest(store: ObjectStore, layout: Layout, manifest: Manifest) -> None:
-    """Step 3: the commit point — exclusive create of the manifest."""
+    """Step 3: the commit point — exclusive create of the manifest.
+
+    The caller tests first that the id comes right after the newest checkpoint. An
+    attempt frozen between that test and this create, while other runs commit past the id
+    and retention removes it, still creates it: an orphan below the retention floor, which
+    every reader ignores and the next GC deletes (:mod:`.catalog`)."""
     key = layout.manifest_key(manifest.checkpoint_id)
     try:
         store.create(key, manifest.to_json())

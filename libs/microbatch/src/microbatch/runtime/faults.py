@@ -36,8 +36,10 @@ PAUSE_POINTS = (
     "before_publish",
     "in_kafka_transaction",  # a Kafka sink's messages sent, its transaction not committed
     "in_postgres_transaction",  # a PostgreSQL sink's rows written, its transaction open
+    "in_delta_optimize",  # `microbatch optimize` wrote its merged files, not committed them
     "after_rewind_commit",  # a rewind (replay, backfill) committed, not published
     "during_reshard",  # a reshard's state files written, its manifest not committed
+    "gc_listed",  # GC listed and read the retained checkpoints, deleted nothing yet
     "during_gc",  # GC deleted old manifests, not yet the files only they referenced
 )
 PAUSE_ENV = "MICROBATCH_PAUSE_AT"

@@ -7,6 +7,13 @@ record (it stands for the source in the lineage), plus where it came from
 (:class:`ReplayOrigin`) and which undone batches' output awaits replacement. Retractable
 sinks replace the undone output as later batches recompute it; output that cannot be
 retracted (Kafka) is refused unless the caller accepts repeats.
+
+The copy names the source's state (and pending enrichment) files, which GC deletes once
+no retained checkpoint names them — possibly a stalled run's GC that listed the
+checkpoints before this rewind began. So a rewind pins its source (``pins/``) and reads
+it again before committing: if the source is still there, any GC that removes it lists
+the pins afterwards and deletes no file (:mod:`microbatch.checkpoint.gc` argues why);
+if it is gone, nothing is committed.
 """
 
 from __future__ import annotations
@@ -14,9 +21,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from microbatch.checkpoint import Layout, Manifest, commit_manifest
-from microbatch.errors import ConfigError
+from microbatch.checkpoint.catalog import load_manifest
+from microbatch.errors import CheckpointError, ConfigError, StorageError
 from microbatch.kafka import KafkaBrokerView
 from microbatch.runtime.faults import pause_if
 from microbatch.runtime.fence import Lease
@@ -94,13 +105,50 @@ def rewind(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         metadata=record.to_json(),
     )
-    held.check("the rewind's commit")
-    commit_manifest(store, layout, manifest)
+    with pinned(store, layout, where, target.manifest, copy_id):
+        held.check("the rewind's commit")
+        commit_manifest(store, layout, manifest)
     pause_if("after_rewind_commit", where)
     held.check("publishing the rewind")
     publish(store, layout, pipeline, settings, manifest)
     log.info("%s: committed checkpoint %s", where, manifest.checkpoint_id)
     return manifest
+
+
+@contextmanager
+def pinned(
+    store: ObjectStore, layout: Layout, where: str, source: Manifest | None, copy_id: int
+) -> Iterator[None]:
+    """Hold a pin on ``source`` while its copy ``copy_id`` commits: pin it, then make sure
+    it is still the committed checkpoint it was (a :class:`CheckpointError` if retention
+    removed it meanwhile, before anything is committed). Unpinned on the way out; a pin
+    left by a crash goes with the next GC that sees ``copy_id`` taken."""
+    if source is None:  # the state before the first batch: no file to keep
+        yield
+        return
+    pin = layout.pin_key(copy_id, source.checkpoint_id, uuid.uuid4().hex[:12])
+    store.put(pin, b"")
+    try:
+        gone = (
+            f"{where}: checkpoint {source.checkpoint_id} left retention while this run "
+            "was rewinding to it"
+        )
+        todo = (
+            "Nothing was committed; rewind to a checkpoint that is still retained "
+            "(`microbatch checkpoints` lists them)"
+        )
+        try:
+            again = load_manifest(store, layout, source.checkpoint_id)
+        except CheckpointError as e:
+            raise CheckpointError(f"{gone} (another run's GC removed it: {e}). {todo}") from e
+        if again.to_json() != source.to_json():
+            raise CheckpointError(f"{gone}: the manifest there is another one now. {todo}")
+        yield
+    finally:
+        try:
+            store.delete(pin)
+        except StorageError as e:  # GC removes it once the copy's id is taken
+            log.warning("%s: could not remove pin %s: %s", where, pin, e)
 
 
 def scan_awaiting(pipeline: Pipeline, settings: Settings, undone: range = range(0)) -> Awaiting:

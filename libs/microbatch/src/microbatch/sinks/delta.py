@@ -46,15 +46,21 @@ Replacement. Each data commit records its end offsets in ``commitInfo`` (``micro
 the batches it ``undoes``. Only a rewind reads the history (:meth:`awaiting_replacement`);
 a batch's files are found in the current snapshot by their names.
 
+One pipeline per table: its first commit records it in ``_microbatch/owner.json``
+(exclusive create); :meth:`DeltaSink.last_published` and every commit refuse another. The
+rewind and GC hooks get no pipeline, and the owner tells them whose batches are whose.
+
 Maintenance (``microbatch optimize``): :meth:`DeltaTarget.optimize` merges each batch's
 files per partition (``dataChange: false``; names keep the batch, so replacement still
-works), :meth:`DeltaTarget.vacuum` deletes old unreferenced files, and the checkpoint GC's
-:meth:`DeltaSink.collect_orphans` deletes losing attempts' files of batches leaving
-retention.
+works, and say ``merged-``, so no GC takes them for an attempt's), checking the lease right
+before its commit; :meth:`DeltaTarget.vacuum` deletes old unreferenced files; the checkpoint
+GC's :meth:`DeltaSink.collect_orphans` deletes only files of attempts that lost a batch's
+commit (never one a table version references).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -63,7 +69,8 @@ import logging
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
@@ -83,7 +90,7 @@ from microbatch.sinks.base import (
     rows_to_table,
 )
 from microbatch.sinks.parquet import encode_parquet
-from microbatch.storage import AlreadyExistsError, ObjectStore, open_store
+from microbatch.storage import AlreadyExistsError, ObjectNotFoundError, ObjectStore, open_store
 from microbatch.validation import check_name
 
 log = logging.getLogger(__name__)
@@ -100,9 +107,18 @@ __all__ = [
 MAX_ATTEMPTS = 8
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 FIRST_ENTRY = f"{0:020d}.json"
+#: A data file of a batch: staged by an attempt (``-<n>-<attempt>``), or an optimize's
+#: merge of a batch's files (``-0000-merged-v<version>_<token>``), which no attempt's id
+#: can spell ('-' is not in an id), so the GC of losing attempts never takes one for theirs.
 _FILE = re.compile(
-    r"(?:^|/)mb-(?P<app>[0-9a-f]{8})-b(?P<batch>\d{20})-i(?P<instance>\d{5})-\d{4}-\w+\.parquet$"
+    r"(?:^|/)mb-(?P<app>[0-9a-f]{8})-b(?P<batch>\d{20})-i(?P<instance>\d{5})-\d{4}-"
+    r"(?:merged-(?P<merged>\w+)|(?P<attempt>\w+))\.parquet$"
 )
+#: Merged files before they had names of their own: ``-0000-c<version>``.
+_OLD_MERGED = re.compile(r"c\d+")
+#: The pipeline that writes the table (created once, exclusively, by its first commit).
+#: Under ``_``: Delta readers and VACUUM skip such paths.
+OWNER = "_microbatch/owner.json"
 _PARTITION_TYPES = (pa.types.is_string, pa.types.is_integer, pa.types.is_boolean, pa.types.is_date)
 
 
@@ -113,7 +129,8 @@ class DeltaSink(Sink):
 
     ``schema`` is the table's ``pyarrow.Schema`` (required: it is checked against the
     table before a batch commits); ``partition_by`` names string, integer, boolean or date
-    columns of it. Read with any Delta reader (Spark, delta-rs, Polars, DuckDB).
+    columns of it. Read with any Delta reader (Spark, delta-rs, Polars, DuckDB). One
+    pipeline writes the table (the first to commit; another is refused).
     """
 
     name: str
@@ -182,12 +199,16 @@ class DeltaSink(Sink):
         self.target(ctx.settings, ctx.pipeline).publish_rewind(ctx.batch_id, undone)
 
     def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
-        # Batches of every pipeline writing through this sink name are in one table; the
-        # app id needs the pipeline, which this hook does not get: match any app's files.
-        return DeltaTarget(self, None, settings).awaiting_replacement(undone)
+        # This hook gets no pipeline: the table's one writer is the one rewinding.
+        return self.owners_target(settings).awaiting_replacement(undone)
 
     def collect_orphans(self, settings: Settings, batches: Sequence[int]) -> int:
-        return DeltaTarget(self, None, settings).collect_orphans(batches)
+        return self.owners_target(settings).collect_orphans(batches)
+
+    def owners_target(self, settings: Settings) -> DeltaTarget:
+        """The table as the pipeline recorded as its writer sees it, for the hooks that get
+        no pipeline (before the first commit recorded one: matching every app's files)."""
+        return DeltaTarget(self, DeltaTarget(self, None, settings).owner(), settings)
 
     def shared_storage_url(self) -> str | None:
         return self.table_uri
@@ -292,7 +313,11 @@ class DeltaTarget:
             return DeltaTable(self.uri, storage_options=self.options)
         except TableNotFoundError:
             pass
-        foreign = [k for k in self.store().list("") if not _FILE.search(k)]
+        foreign = [
+            k
+            for k in self.store().list("")
+            if not (_FILE.search(k) or k.startswith("_microbatch/"))
+        ]
         if foreign:
             raise SinkError(
                 f"{self.where}: the location holds files but no Delta table (no "
@@ -323,8 +348,57 @@ class DeltaTarget:
         )
 
     def last_published(self) -> int | None:
+        """This app's newest committed batch; refuses a table another pipeline writes (the
+        runtime asks before a pipeline's first batch: refused before any work)."""
         dt = self.load()
-        return None if dt is None else dt.transaction_version(self.app_id)
+        if dt is None:
+            return None
+        self.check_owner(dt)
+        return dt.transaction_version(self.app_id)
+
+    # Ownership ---------------------------------------------------------------------------
+    # One pipeline per table: batch ids are each pipeline's own, and a rewind or the GC of
+    # one pipeline cannot tell its batches from another's in the log (their hooks get no
+    # pipeline). The first commit records the writer; every later commit checks it.
+    def owner(self) -> str | None:
+        """The pipeline recorded as the table's writer; None before the first commit."""
+        try:
+            return str(json.loads(self.store().get(OWNER))["pipeline"])
+        except ObjectNotFoundError:
+            return None
+
+    def check_owner(self, snapshot: Any = None) -> str | None:
+        """Refuse a table another pipeline writes: the recorded owner, or (a table written
+        before owners were recorded, with ``snapshot``) a pipeline in its history. Returns
+        the recorded owner."""
+        owner = self.owner()
+        if owner is not None:
+            writers, seen_in = {owner}, f"{self.sink.table_uri}/{OWNER}"
+        elif snapshot is not None:
+            writers, seen_in = pipelines_in_history(snapshot), "its Delta log"
+        else:
+            return None
+        others = sorted(writers - {self.pipeline})
+        if others:
+            raise ConfigError(
+                f"{self.where}: the table is written by pipeline {others[0]!r} (as {seen_in} "
+                f"says), so pipeline {self.pipeline!r} must not write it: batch ids are each "
+                "pipeline's own, and one pipeline's rewinds and clean-up would remove or "
+                f"delete the other's files. Give the sink of pipeline {self.pipeline!r} a "
+                "Delta table of its own (a view can union the two)."
+            )
+        return owner
+
+    def claim(self, snapshot: Any) -> None:
+        """Record this pipeline as the table's writer unless one is; refuse the table if
+        another pipeline is. Of two pipelines claiming at once exactly one wins (the
+        store's exclusive create)."""
+        if self.check_owner(snapshot) is not None:
+            return
+        body = json.dumps({"pipeline": self.pipeline, "sink": self.sink.name}, sort_keys=True)
+        with contextlib.suppress(AlreadyExistsError):
+            self.store().create(OWNER, body.encode())
+        self.check_owner()
 
     def visible_batches(self, snapshot: Any) -> dict[int, list[dict[str, Any]]]:
         """This app's batches with files in ``snapshot``: batch → its add actions."""
@@ -415,6 +489,7 @@ class DeltaTarget:
         )
         adds = [add_action(f) for f in files]
         last_error: Exception | None = None
+        claimed = False
         for attempt in range(MAX_ATTEMPTS):
             dt = snapshot if attempt == 0 and snapshot is not None else self.load()
             if dt is None:
@@ -422,6 +497,9 @@ class DeltaTarget:
                     return False
                 self.create_table()
                 continue
+            if not claimed:  # before anything of this pipeline is committed
+                self.claim(dt)
+                claimed = True
             done = dt.transaction_version(self.app_id)
             if done is not None and done >= batch_id:
                 log.info("%s: batch %s is already committed (txn %s)", self.where, batch_id, done)
@@ -515,10 +593,14 @@ class DeltaTarget:
         ]
 
     def collect_orphans(self, batches: Sequence[int]) -> int:
-        """Delete the files of (long published) ``batches`` that attempts which lost the
-        commit left next to the committed ones: same batch, same folders (a batch's rows,
-        so its partitions, are the same in every attempt), another attempt id. A batch no
-        longer visible (replaced, or no rows) is left to :meth:`vacuum`."""
+        """Delete what attempts that lost the commit of (long published) ``batches``
+        staged: files of the same app and batch, in its folders (its rows, so partitions,
+        are the same in every attempt), with another attempt's id. Only those provably no
+        table version ever references: a batch is committed once (its app transaction),
+        with the files of one attempt, whose id the snapshot shows. Everything else is
+        left to :meth:`vacuum` and its retention: an optimize's merged files (one may be
+        about to commit), the files an optimize or a replacement removed (older versions
+        still read them), and a batch whose own files the snapshot no longer shows."""
         wanted = set(batches)
         dt = self.load() if wanted else None
         if dt is None:
@@ -527,22 +609,39 @@ class DeltaTarget:
         for b, files in self.visible_batches(dt).items():
             if b not in wanted:
                 continue
-            kept = {f["path"] for f in files}
-            for folder, prefix in {_batch_prefix(f["path"]) for f in files}:
-                for key in store.list(folder + prefix):
-                    if key not in kept and _FILE.search(key):
-                        store.delete(key)
-                        deleted += 1
+            by_app: dict[str, list[str]] = {}
+            for f in files:
+                by_app.setdefault(_app_of(f["path"]), []).append(f["path"])
+            for paths in by_app.values():
+                winner = {staging_attempt(p) for p in paths} - {None}
+                if not winner:
+                    continue  # compacted: which attempt won is in no file it shows
+                for folder, prefix in {_batch_prefix(p) for p in paths}:
+                    for key in store.list(folder + prefix):
+                        attempt = staging_attempt(key)
+                        if attempt is not None and attempt not in winner:
+                            store.delete(key)
+                            deleted += 1
         return deleted
 
     # Maintenance ---------------------------------------------------------------------------
-    def optimize(self, dry_run: bool = False) -> dict[str, Any]:
+    def optimize(
+        self, dry_run: bool = False, before_commit: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
         """Compact this app's files: per batch and partition, its instances' files become
         one, in a commit of ``dataChange: false`` removes and adds (streaming readers skip
         it; no rows change). Files never merge across batches: each keeps its batch's name,
-        so a later backfill still finds and replaces the batch, and no ``txn`` changes."""
+        so a later backfill still finds and replaces the batch, and no ``txn`` changes.
+
+        ``before_commit`` runs after the merged files are written, right before the commit
+        (``microbatch optimize`` checks the pipeline's lease there, so an optimize that
+        stalled past it commits nothing); if it raises, the merged files are deleted and
+        nothing is committed. Inputs replaced meanwhile make the commit conflict (Delta's
+        check of concurrent removes): it plans again."""
         from deltalake import CommitProperties
         from deltalake.exceptions import CommitFailedError
+
+        from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
 
         last_error: Exception | None = None
         for attempt in range(MAX_ATTEMPTS):
@@ -562,9 +661,21 @@ class DeltaTarget:
             }
             if dt is None or dry_run or not groups:
                 return summary
-            actions = [a for fs in groups.values() for a in self._compact(dt.version(), fs)]
+            token = uuid.uuid4().hex[:8]
+            merged, actions = [], []
+            for fs in groups.values():
+                path, changes = self._compact(dt.version(), fs, token)
+                merged.append(path)
+                actions.extend(changes)
             counts = {k: summary[k] for k in ("batches", "files_before", "files_after")}
             info = {"app": self.app_id, "optimize": counts}
+            try:
+                pause_if("in_delta_optimize", f"{self.where} optimize")
+                if before_commit is not None:
+                    before_commit()
+            except Exception:
+                self._discard(merged)
+                raise
             try:
                 dt.create_write_transaction(
                     actions,
@@ -574,6 +685,7 @@ class DeltaTarget:
                     commit_properties=CommitProperties(custom_metadata={"microbatch": info}),
                 )
             except CommitFailedError as e:  # a batch replaced meanwhile: plan again
+                self._discard(merged)
                 last_error = e
                 time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
@@ -581,8 +693,19 @@ class DeltaTarget:
             return summary
         raise SinkError(f"{self.where}: optimize kept conflicting ({last_error}); run it again")
 
-    def _compact(self, version: int, files: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """The actions replacing ``files`` (one batch, one partition) by one merged file."""
+    def _discard(self, paths: Iterable[str]) -> None:
+        """Delete merged files no commit took (their names are this optimize's own)."""
+        store = self.store()
+        for path in paths:
+            with contextlib.suppress(ObjectNotFoundError):
+                store.delete(path)
+
+    def _compact(
+        self, version: int, files: Sequence[Mapping[str, Any]], token: str
+    ) -> tuple[str, list[Any]]:
+        """The merged file written for ``files`` (one batch, one partition; named after the
+        batch, the version planned on and ``token``, this optimize's) and the actions
+        replacing them by it."""
         import io
 
         import pyarrow.parquet as pq
@@ -596,7 +719,9 @@ class DeltaTarget:
         m = _FILE.search(files[0]["path"])
         assert m is not None  # visible_batches matched it
         folder, _, _ = files[0]["path"].rpartition("/")
-        name = f"mb-{m['app']}-b{m['batch']}-i{m['instance']}-0000-c{version}.parquet"
+        name = (
+            f"mb-{m['app']}-b{m['batch']}-i{m['instance']}-0000-merged-v{version}_{token}.parquet"
+        )
         path = f"{folder}/{name}" if folder else name
         body = encode_parquet(merged)
         store.put(path, body)
@@ -613,7 +738,7 @@ class DeltaTarget:
             )
             for f in files
         ]
-        return [add, *removes]
+        return path, [add, *removes]
 
     def vacuum(self, retention_hours: float = 168, dry_run: bool = False) -> list[str]:
         """Delete files no version newer than ``retention_hours`` references: replaced
@@ -641,14 +766,29 @@ class DeltaTarget:
 
     def awaiting_replacement(self, undone: Iterable[int] = ()) -> Awaiting:
         """Undone batches (recorded by rewinds, plus ``undone``) whose files are visible,
-        with the end offsets their commits recorded (read from the history: rewinds only)."""
+        with the end offsets their commits recorded (read from the history: rewinds only).
+
+        Without a pipeline (a table written before owners were recorded), the one pipeline
+        whose commits of this sink the history holds is the one rewinding; two are refused:
+        whose batches were undone could not be told apart."""
         dt = self.load()
         if dt is None:
             return {}
+        if self.pipeline is None:
+            writers = sorted(pipelines_in_history(dt, self.sink.name))
+            if len(writers) > 1:
+                raise ConfigError(
+                    f"{self.where}: pipelines {writers[0]!r} and {writers[1]!r} both write "
+                    "the table, so a rewind cannot tell whose batches it undoes. Give "
+                    "each pipeline's sink a Delta table of its own."
+                )
+            if not writers:
+                return {}
+            return DeltaTarget(self.sink, writers[0], self.settings).awaiting_replacement(undone)
         undoes, ends = set(undone), {}
         for commit in dt.history():
             info = commit.get("microbatch")
-            if not isinstance(info, dict) or not self._mine(info):
+            if not isinstance(info, dict) or info.get("app") != self.app_id:
                 continue
             undoes.update(info.get("undoes", ()))
             if "end_offsets" in info:
@@ -666,14 +806,35 @@ class DeltaTarget:
             out[str(b)] = ends[b]
         return out
 
-    def _mine(self, info: Mapping[str, Any]) -> bool:
-        app = str(info.get("app", ""))
-        if self.pipeline is None:
-            return app.endswith(f"/{self.sink.name}")
-        return app == self.app_id
-
 
 # Helpers -------------------------------------------------------------------------------
+def pipelines_in_history(snapshot: Any, sink_name: str | None = None) -> set[str]:
+    """The pipelines whose commits (of ``sink_name``, or any sink) the table's log holds."""
+    out = set()
+    for commit in snapshot.history():
+        info = commit.get("microbatch")
+        app = str(info.get("app", "")) if isinstance(info, dict) else ""
+        pipeline, _, sink = app.rpartition("/")
+        if pipeline and sink_name in (None, sink):
+            out.add(pipeline)
+    return out
+
+
+def staging_attempt(path: str) -> str | None:
+    """The attempt that staged the data file at ``path``; None for an optimize's merged
+    file (of any version of this module) and for anything else."""
+    m = _FILE.search(path)
+    if m is None or m["attempt"] is None or _OLD_MERGED.fullmatch(m["attempt"]):
+        return None
+    return m["attempt"]
+
+
+def _app_of(path: str) -> str:
+    m = _FILE.search(path)
+    assert m is not None  # visible_batches matched it
+    return m["app"]
+
+
 def _batch_prefix(path: str) -> tuple[str, str]:
     """(folder, ``mb-<app>-b<batch>-``) of a data file: where its batch's attempts write."""
     folder, _, name = path.rpartition("/")
