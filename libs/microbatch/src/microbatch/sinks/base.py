@@ -150,3 +150,28 @@ def rows_to_table(sink_name: str, records: Sequence[Any], schema: pa.Schema | No
             f"sink {sink_name!r}: records do not fit its schema ({e}); first record: "
             f"{records[0]!r:.300}"
         ) from e
+
+
+#: Column types a table may be partitioned by (identity partitions: one folder per value).
+PARTITION_TYPES = (pa.types.is_string, pa.types.is_integer, pa.types.is_boolean, pa.types.is_date)
+
+
+def partition_columns(sink_name: str, schema: pa.Schema, partition_by: Any) -> tuple[str, ...]:
+    """``partition_by`` (a name or names) as a tuple, each a string, integer, boolean or
+    date column of ``schema``; a :class:`ConfigError` naming the column otherwise."""
+    from microbatch.errors import ConfigError
+
+    columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+    for col in columns:
+        idx = schema.get_field_index(col)
+        if idx < 0:
+            raise ConfigError(
+                f"sink {sink_name!r}: partition column {col!r} is not in the schema "
+                f"({', '.join(schema.names)})"
+            )
+        if not any(is_type(schema.field(idx).type) for is_type in PARTITION_TYPES):
+            raise ConfigError(
+                f"sink {sink_name!r}: partition column {col!r} has type "
+                f"{schema.field(idx).type}; use a string, integer, boolean or date"
+            )
+    return columns

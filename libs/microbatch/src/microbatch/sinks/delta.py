@@ -87,6 +87,7 @@ from microbatch.sinks.base import (
     Sink,
     StageContext,
     Staged,
+    partition_columns,
     rows_to_table,
 )
 from microbatch.sinks.parquet import encode_parquet
@@ -119,7 +120,6 @@ _OLD_MERGED = re.compile(r"c\d+")
 #: The pipeline that writes the table (created once, exclusively, by its first commit).
 #: Under ``_``: Delta readers and VACUUM skip such paths.
 OWNER = "_microbatch/owner.json"
-_PARTITION_TYPES = (pa.types.is_string, pa.types.is_integer, pa.types.is_boolean, pa.types.is_date)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,21 +154,8 @@ class DeltaSink(Sink):
                 f"sink {self.name!r}: schema must be a pyarrow.Schema (the Delta table's "
                 f"columns), got {type(self.schema).__name__}"
             )
-        if isinstance(self.partition_by, str):
-            object.__setattr__(self, "partition_by", (self.partition_by,))
-        object.__setattr__(self, "partition_by", tuple(self.partition_by))
-        for col in self.partition_by:
-            idx = self.schema.get_field_index(col)
-            if idx < 0:
-                raise ConfigError(
-                    f"sink {self.name!r}: partition column {col!r} is not in the schema "
-                    f"({', '.join(self.schema.names)})"
-                )
-            if not any(is_type(self.schema.field(idx).type) for is_type in _PARTITION_TYPES):
-                raise ConfigError(
-                    f"sink {self.name!r}: partition column {col!r} has type "
-                    f"{self.schema.field(idx).type}; use a string, integer, boolean or date"
-                )
+        columns = partition_columns(self.name, self.schema, self.partition_by)
+        object.__setattr__(self, "partition_by", columns)
 
     def target(self, settings: Settings | None, pipeline: str) -> DeltaTarget:
         return DeltaTarget(self, pipeline, settings)

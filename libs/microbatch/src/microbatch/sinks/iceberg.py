@@ -39,6 +39,7 @@ from microbatch.sinks.base import (
     Sink,
     StageContext,
     Staged,
+    partition_columns,
     rows_to_table,
 )
 from microbatch.sinks.delta import app_tag
@@ -58,7 +59,6 @@ SUPERSEDES, UNDOES = "microbatch.supersedes", "microbatch.undoes"
 _FILE = re.compile(
     r"(?:^|/)mb-(?P<app>[0-9a-f]{8})-b(?P<batch>\d{20})-i(?P<instance>\d{5})-\d{4}-\w+\.parquet$"
 )
-_PARTITION_TYPES = (pa.types.is_string, pa.types.is_integer, pa.types.is_boolean, pa.types.is_date)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,21 +104,8 @@ class IcebergSink(Sink):
                 f"sink {self.name!r}: catalog must be an IcebergCatalog or a dict of pyiceberg "
                 f"catalog properties, got {type(self.catalog).__name__}"
             )
-        if isinstance(self.partition_by, str):
-            object.__setattr__(self, "partition_by", (self.partition_by,))
-        object.__setattr__(self, "partition_by", tuple(self.partition_by))
-        for col in self.partition_by:
-            idx = self.schema.get_field_index(col)
-            if idx < 0:
-                raise ConfigError(
-                    f"sink {self.name!r}: partition column {col!r} is not in the schema "
-                    f"({', '.join(self.schema.names)})"
-                )
-            if not any(is_type(self.schema.field(idx).type) for is_type in _PARTITION_TYPES):
-                raise ConfigError(
-                    f"sink {self.name!r}: partition column {col!r} has type "
-                    f"{self.schema.field(idx).type}; use a string, integer, boolean or date"
-                )
+        columns = partition_columns(self.name, self.schema, self.partition_by)
+        object.__setattr__(self, "partition_by", columns)
 
     def catalog_for(self, settings: Settings) -> IcebergCatalog:
         return self.catalog if self.catalog is not None else IcebergCatalog.embedded(settings)
