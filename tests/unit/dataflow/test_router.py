@@ -47,7 +47,8 @@ def test_a_record_goes_to_the_sinks_through_their_steps_and_keyed_to_the_next_st
     assert r.outputs == {"totals": [{"total": 5}, {"total": 9}]}
     rows = r.forward_rows().to_pylist()
     assert [decode_payload(x["payload"])["merchant"] for x in rows] == ["m1", "m2"]
-    assert [(x["topic"], x["partition"], x["offset"]) for x in rows] == [("@a", 3, 0), ("@a", 3, 1)]
+    coordinates = [(x["topic"], x["partition"], x["offset"]) for x in rows]
+    assert coordinates == [("@a>b", 3, 0), ("@a>b", 3, 1)]
     assert [x["event_ts"] for x in rows] == [7, 8] and dead == []
 
 

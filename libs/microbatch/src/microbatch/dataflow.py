@@ -24,8 +24,11 @@ output in one manifest.
 ``build()`` gives the :class:`~microbatch.runtime.Pipeline` that the runner, the CLI and
 the Airflow DAGs take; a job file may also name the :class:`Dataflow` itself. What a
 dataflow can not be is refused there, naming the step: a sink fed twice or never, two
-steps with one uid, a window without event time, two keyed steps reading one step's
-output (not supported yet).
+steps with one uid, a window without event time or with two inputs.
+
+Steps need not form a chain: a step's output (or a source) may feed several keyed steps,
+``union`` merges streams of sources and keyed steps, and :meth:`KeyedStream.join` makes
+one keyed step of two keyed streams (:mod:`microbatch.runtime.graph`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from microbatch.errors import ConfigError
+from microbatch.runtime.graph import Edge
 from microbatch.runtime.pipeline import (
     DeadLetterSink,
     Enrichment,
@@ -61,18 +65,23 @@ class MissingUidWarning(UserWarning):
     a keyed step before it later would hand it another step's state."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class _Strand:
+    """Records of one origin — a source (its index) or a keyed step — after ``chain``."""
+
+    origin: int | _Keyed
+    chain: Chain = ()
+
+
+@dataclasses.dataclass(eq=False)
 class _Keyed:
     """A keyed step while the dataflow is being written."""
 
     uid: str
-    key_by: Key
     process: KeyedProcessFunction
-    before: Chain
-    parent: _Keyed | None  # None: the sources
+    #: What it reads: (strand, key, side) — side 0, or 1 for a join's other stream.
+    inputs: list[tuple[_Strand, Key, int]]
     taps: list[Tap] = dataclasses.field(default_factory=list)
-    #: The first keyed step: each source's stateless steps before it (by source index).
-    inputs: dict[int, Chain] = dataclasses.field(default_factory=dict)
 
 
 class Dataflow:
@@ -122,70 +131,92 @@ class Dataflow:
         if not isinstance(source, KafkaSource):
             raise ConfigError(f"dataflow {self.name!r}: source must be a KafkaSource: {source!r}")
         self._sources.append(source)
-        return Stream(self, None, (), {len(self._sources) - 1: ()})
+        return Stream(self, (_Strand(len(self._sources) - 1),))
 
     def build(self) -> Pipeline:
         """The pipeline this dataflow is: checked, ready for the runner."""
         where = f"dataflow {self.name!r}"
         if not self._sources:
             raise ConfigError(f"{where}: no source; start with flow.source(KafkaSource(...))")
-        first, *rest = self._spine(where)
-        unread = [s for i, s in enumerate(self._sources) if i not in first.inputs]
-        if unread:
-            topics = ", ".join(t for s in unread for t in s.topics)
-            raise ConfigError(
-                f"{where}: the source of {topics} feeds no keyed step; union() it into the "
-                f"stream of the first keyed step {first.uid!r} (a source feeding a later "
-                "step is not supported yet)"
-            )
-        if len(self._sources) == 1:
-            source, prefix, inputs = self._sources[0], first.inputs[0], ()
-        else:
-            source = combined_source(self._sources, where)
-            prefix = ()
-            inputs = tuple(Input(s, first.inputs[i]) for i, s in enumerate(self._sources))
-        return Pipeline(
-            name=self.name,
-            source=source,
-            inputs=inputs,
-            enrich=self._enrich,
-            key_by=first.key_by,
-            process=first.process,
-            prefix=prefix,
-            source_taps=tuple(self._source_taps),
-            uid=first.uid,
-            taps=tuple(first.taps),
-            steps=tuple(
-                KeyedStep(s.uid, s.key_by, s.process, s.before, tuple(s.taps)) for s in rest
-            ),
-            sinks=tuple(self._sinks),
-            **self._settings,
-        )
-
-    def _spine(self, where: str) -> list[_Keyed]:
-        """The keyed steps as one chain, first to last."""
         if not self._steps:
             raise ConfigError(
                 f"{where}: no keyed step; add .key_by(...).process(...) or .window(...)"
             )
-        children: dict[int | None, list[_Keyed]] = {}
-        for step in self._steps:
-            children.setdefault(None if step.parent is None else id(step.parent), []).append(step)
-        spine: list[_Keyed] = []
-        at: int | None = None
-        while True:
-            after = children.get(at, [])
-            if len(after) > 1:
-                what = "the source" if at is None else f"step {spine[-1].uid!r}"
-                raise ConfigError(
-                    f"{where}: steps {', '.join(repr(s.uid) for s in after)} all read {what}; "
-                    "two keyed steps reading one stream is not supported yet: chain them"
-                )
-            if not after:
-                break
-            spine.append(after[0])
-            at = id(after[0])
-        return spine
+        read = {s.origin for step in self._steps for s, _, _ in step.inputs}
+        unread = [s for i, s in enumerate(self._sources) if i not in read]
+        if unread:
+            topics = ", ".join(t for s in unread for t in s.topics)
+            raise ConfigError(
+                f"{where}: the source of {topics} feeds no keyed step; key it and give it "
+                "to one (or union() it with a stream that is)"
+            )
+        first, *rest = self._steps
+        several = len(self._sources) > 1
+        source = combined_source(self._sources, where) if several else self._sources[0]
+        settings = {
+            "name": self.name,
+            "source": source,
+            "enrich": self._enrich,
+            "process": first.process,
+            "uid": first.uid,
+            "taps": tuple(first.taps),
+            "source_taps": tuple(self._source_taps),
+            "sinks": tuple(self._sinks),
+            **self._settings,
+        }
+        chain = self._as_chain()
+        if chain is not None:  # each step reads the one before: no graph needed
+            key, prefixes = chain
+            inputs = tuple(Input(s, prefixes[i]) for i, s in enumerate(self._sources))
+            return Pipeline(
+                key_by=key,
+                prefix=() if several else prefixes[0],
+                inputs=inputs if several else (),
+                steps=tuple(
+                    KeyedStep(s.uid, s.inputs[0][1], s.process, s.inputs[0][0].chain, tuple(s.taps))
+                    for s in rest
+                ),
+                **settings,
+            )
+        edges = tuple(
+            Edge(
+                strand.origin if isinstance(strand.origin, int) else strand.origin.uid,
+                step.uid,
+                key,
+                strand.chain,
+                side,
+            )
+            for step in self._steps
+            for strand, key, side in step.inputs
+        )
+        return Pipeline(
+            key_by=first.inputs[0][1],
+            inputs=tuple(Input(s) for s in self._sources) if several else (),
+            steps=tuple(
+                KeyedStep(s.uid, s.inputs[0][1], s.process, (), tuple(s.taps)) for s in rest
+            ),
+            edges=edges,
+            **settings,
+        )
+
+    def _as_chain(self) -> tuple[Key, dict[int, Chain]] | None:
+        """(the first step's key, each source's stateless steps) when the keyed steps form
+        a chain — the first reads every source with one key, each other step reads only
+        the step before — else None (the pipeline then carries its graph's edges)."""
+        first, *rest = self._steps
+        keys = {id(key) for _, key, _ in first.inputs}
+        if len(keys) != 1 or len(first.inputs) != len(self._sources):
+            return None
+        if any(side for _, _, side in first.inputs):
+            return None
+        for before, step in zip(self._steps, rest, strict=False):
+            if len(step.inputs) != 1:
+                return None
+            strand, _, side = step.inputs[0]
+            if strand.origin is not before or side:
+                return None
+        prefixes = {s.origin: s.chain for s, _, _ in first.inputs}
+        return first.inputs[0][1], prefixes  # type: ignore[return-value]
 
     def _add_step(self, step: _Keyed) -> None:
         if any(s.uid == step.uid for s in self._steps):
@@ -205,6 +236,11 @@ class Dataflow:
             )
         self._sinks.append(sink)
 
+    def _origin_name(self, origin: int | _Keyed) -> str:
+        if isinstance(origin, int):
+            return f"the source of {list(self._sources[origin].topics)}"
+        return f"step {origin.uid!r}"
+
     def _default_uid(self, process: Any) -> str:
         uid = f"{type(process).__name__.lower()}-{len(self._steps) + 1}"
         warnings.warn(
@@ -218,48 +254,40 @@ class Dataflow:
 
 
 class Stream:
-    """Records flowing out of the source or of a keyed step, after stateless steps."""
+    """Records flowing out of sources or keyed steps, after stateless steps."""
 
-    def __init__(
-        self,
-        flow: Dataflow,
-        origin: _Keyed | None,
-        chain: Chain,
-        inputs: dict[int, Chain] | None = None,
-    ) -> None:
+    def __init__(self, flow: Dataflow, strands: tuple[_Strand, ...]) -> None:
         self._flow = flow
-        self._origin = origin
-        self._chain = chain
-        #: Before the first keyed step: each source's steps so far, by source index.
-        self._inputs = inputs or {}
+        self._strands = strands
 
     def _then(self, kind: str, fn: Callable[[Any], Any], name: str | None) -> Stream:
-        n = max([len(self._chain), *map(len, self._inputs.values())]) + 1
-        after = "source" if self._origin is None else self._origin.uid
+        n = max(len(s.chain) for s in self._strands) + 1
+        origins = [s.origin for s in self._strands]
+        if all(isinstance(o, int) for o in origins):
+            after = "source"
+        else:
+            after = origins[0].uid if len(origins) == 1 else "union"  # type: ignore[union-attr]
         step = Stateless(kind, fn, name or f"{after}.{kind}-{n}")  # type: ignore[arg-type]
-        inputs = {i: (*chain, step) for i, chain in self._inputs.items()}
-        return Stream(self._flow, self._origin, (*self._chain, step), inputs)
+        return Stream(self._flow, tuple(_Strand(s.origin, (*s.chain, step)) for s in self._strands))
 
     def union(self, *others: Stream) -> Stream:
-        """One stream of this one's records and ``others``': sources (each after its own
-        stateless steps) merged before the first keyed step."""
-        inputs = dict(self._inputs)
-        for other in (self, *others):
-            if other._flow is not self._flow or other._origin is not None:
-                raise ConfigError(
-                    f"dataflow {self._flow.name!r}: union() merges streams of this "
-                    "dataflow's sources before their first keyed step (a union after a "
-                    "keyed step is not supported yet)"
-                )
+        """One stream of this one's records and ``others``': of sources or keyed steps,
+        each after its own stateless steps. The next keyed step reads them all, keyed by
+        one ``key_by``."""
+        strands = list(self._strands)
         for other in others:
-            for i, chain in other._inputs.items():
-                if i in inputs:
+            if not isinstance(other, Stream) or other._flow is not self._flow:
+                raise ConfigError(
+                    f"dataflow {self._flow.name!r}: union() takes streams of this dataflow"
+                )
+            for strand in other._strands:
+                if any(s.origin is strand.origin for s in strands):
                     raise ConfigError(
-                        f"dataflow {self._flow.name!r}: the source of "
-                        f"{list(self._flow._sources[i].topics)} is in the union twice"
+                        f"dataflow {self._flow.name!r}: {self._flow._origin_name(strand.origin)}"
+                        " is in the union twice"
                     )
-                inputs[i] = chain
-        return Stream(self._flow, None, (), inputs)
+                strands.append(strand)
+        return Stream(self._flow, tuple(strands))
 
     def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
         """Each record becomes ``fn(record)``."""
@@ -277,8 +305,8 @@ class Stream:
         """Async I/O enrichment of the source's records (``microbatch.enrich``): right
         after the source, before other steps."""
         flow = self._flow
-        fresh = self._origin is None and not any(self._inputs.values())
-        if not fresh or flow._enrich is not None or len(self._inputs) != 1:
+        fresh = len(self._strands) == 1 and self._strands[0] == _Strand(0)
+        if not fresh or flow._enrich is not None or len(flow._sources) != 1:
             raise ConfigError(
                 f"dataflow {flow.name!r}: enrich() goes right after source(), once, with "
                 "one source; enriching after other steps is not supported yet"
@@ -300,18 +328,24 @@ class Stream:
     def to(self, sink: Sink) -> Stream:
         """Send these records to ``sink`` too; returns this stream (to go on from it)."""
         flow = self._flow
-        if self._origin is None:
-            if len(self._inputs) != 1 or len(flow._sources) != 1:
+        if len(self._strands) != 1:
+            raise ConfigError(
+                f"dataflow {flow.name!r}: sink {sink.name!r} takes the records of one step; "
+                "send each stream of the union to its own sink, or key the union first"
+            )
+        (strand,) = self._strands
+        if isinstance(strand.origin, int):
+            if len(flow._sources) != 1:
                 raise ConfigError(
                     f"dataflow {flow.name!r}: a sink before the first keyed step needs a "
                     f"dataflow of one source (sink {sink.name!r}); not supported yet with "
                     "several"
                 )
             flow._add_sink(sink)
-            flow._source_taps.append(Tap(sink.name, next(iter(self._inputs.values()))))
+            flow._source_taps.append(Tap(sink.name, strand.chain))
         else:
             flow._add_sink(sink)
-            self._origin.taps.append(Tap(sink.name, self._chain))
+            strand.origin.taps.append(Tap(sink.name, strand.chain))
         return self
 
 
@@ -332,22 +366,60 @@ class KeyedStream:
         """A keyed step: ``fn.process(key, records, ctx)`` per key and batch, with its
         own state and timers. Its output stream is what ``ctx.emit(record)`` sends;
         ``outputs``: sinks that take only ``ctx.emit(record, to=<sink name>)``."""
+        inputs = [(strand, self._key, 0) for strand in self._stream._strands]
+        return self._step(fn, uid, outputs, inputs, "process")
+
+    def join(
+        self,
+        other: KeyedStream,
+        fn: KeyedProcessFunction,
+        *,
+        uid: str | None = None,
+        outputs: Sequence[Sink] = (),
+    ) -> Stream:
+        """A keyed step reading two streams, each keyed by its own ``key_by`` (keys of one
+        value meet in one call): ``fn.process(key, records, ctx)`` gets each record as a
+        :class:`~microbatch.runtime.process.Sided` — side 0 from this stream, 1 from
+        ``other``. ``fn`` is a join of :mod:`microbatch.joins` or a function of yours."""
+        flow = self._stream._flow
+        if not isinstance(other, KeyedStream) or other._stream._flow is not flow:
+            raise ConfigError(
+                f"dataflow {flow.name!r}: join() takes a keyed stream of this dataflow "
+                "(stream.key_by(...))"
+            )
+        mine = {id(s.origin) for s in self._stream._strands}
+        if any(id(s.origin) in mine for s in other._stream._strands):
+            raise ConfigError(
+                f"dataflow {flow.name!r}: join() of a stream with itself; give the other side "
+                "its own source or step"
+            )
+        inputs = [(s, self._key, 0) for s in self._stream._strands]
+        inputs += [(s, other._key, 1) for s in other._stream._strands]
+        return self._step(fn, uid, outputs, inputs, "join")
+
+    def _step(
+        self,
+        fn: KeyedProcessFunction,
+        uid: str | None,
+        outputs: Sequence[Sink],
+        inputs: list[tuple[_Strand, Key, int]],
+        what: str,
+    ) -> Stream:
         flow = self._stream._flow
         if not isinstance(fn, KeyedProcessFunction):
             raise ConfigError(
-                f"dataflow {flow.name!r}: process() takes a KeyedProcessFunction instance, "
+                f"dataflow {flow.name!r}: {what}() takes a KeyedProcessFunction instance, "
                 f"got {fn!r}"
             )
         if uid is None:
             uid = flow._default_uid(fn)
         check_name("step uid", uid)
-        stream = self._stream
-        step = _Keyed(uid, self._key, fn, stream._chain, stream._origin, inputs=stream._inputs)
+        step = _Keyed(uid, fn, inputs)
         flow._add_step(step)
         for sink in outputs:
             flow._add_sink(sink)
             step.taps.append(Tap(sink.name, (), side=True))
-        return Stream(flow, step, ())
+        return Stream(flow, (_Strand(step),))
 
     def window(self, aggregation: KeyedProcessFunction, *, uid: str | None = None) -> Stream:
         """A windowed aggregation (``microbatch.windows.tumbling(...)...final()``) as a

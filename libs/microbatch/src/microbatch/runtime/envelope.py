@@ -29,8 +29,10 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.runtime.records import PartitionCounts, StageOneTotals
+from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import partition_name
 from microbatch.state.codec import CodecError, decode_value, encode_value
 
@@ -292,10 +294,13 @@ def _stat_rows(
     hot path adds rows without counting), as ``stat`` rows for every instance."""
     counts: dict[tuple[str, int], dict[str, int]] = {tp: {} for tp in inputs}
     top: dict[tuple[str, int], int | None] = {}
-    grouped = (
-        pa.Table.from_batches([rows])
-        .group_by(["topic", "partition", "kind"])
-        .aggregate([("offset", "count"), ("offset", "sum"), ("event_ts", "max")])
+    table = pa.Table.from_batches([rows])
+    topics = table.column("topic")
+    if pc.any(pc.match_substring(topics, FOR)).as_py():  # rows for a later step: by source
+        source = pc.replace_substring_regex(topics, f"{FOR}.*$", "")
+        table = table.set_column(table.schema.get_field_index("topic"), "topic", source)
+    grouped = table.group_by(["topic", "partition", "kind"]).aggregate(
+        [("offset", "count"), ("offset", "sum"), ("event_ts", "max")]
     )
     sums: dict[tuple[str, int], dict[str, int]] = {}
     for g in grouped.to_pylist():

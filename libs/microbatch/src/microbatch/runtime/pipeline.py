@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from microbatch.errors import ConfigError
 from microbatch.keygroups import check_max_parallelism
+from microbatch.runtime.graph import Edge, check_edges
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.schema import ValueSchema, kind_of
 from microbatch.runtime.steps import KeyedStep, Stateless, Tap, check_steps
@@ -239,6 +240,11 @@ class Pipeline:
     #: Sinks fed before the first keyed step, each through its own stateless steps (one
     #: source only); the first step's instances stage them.
     source_taps: Sequence[Tap] = ()
+    #: A dataflow that is not a chain (branches, unions after a keyed step, a source
+    #: feeding a later step, joins): every keyed step's inputs
+    #: (:class:`~microbatch.runtime.graph.Edge`), replacing ``prefix``, the inputs'
+    #: prefixes and the steps' ``before``; empty for a chain.
+    edges: Sequence[Edge] = ()
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)
@@ -248,6 +254,7 @@ class Pipeline:
         object.__setattr__(self, "drop_state", tuple(self.drop_state))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "source_taps", tuple(self.source_taps))
+        object.__setattr__(self, "edges", tuple(self.edges))
         check_inputs(self)
         if self.taps is not None:
             object.__setattr__(self, "taps", tuple(self.taps))
@@ -287,6 +294,7 @@ class Pipeline:
             self.event_time is not None,
             self.source_taps,
         )
+        check_edges(self, where)
         check_value_schema(self)
         if self.on_process_error not in ("fail", "dead_letter"):
             raise ConfigError(
@@ -402,7 +410,7 @@ def check_value_schema(pipeline: Pipeline) -> None:
     """With a declared schema, ``key_by`` and the event-time field must be fields of it,
     of types a key and an event time can have."""
     schema = pipeline.source.value_schema
-    if schema is None or pipeline.prefix or pipeline.inputs:  # steps may reshape records
+    if schema is None or pipeline.prefix or pipeline.inputs or pipeline.edges:  # reshaped
         return
     where = f"pipeline {pipeline.name!r}"
     fields = {f.name: f for f in schema.arrow_schema}
@@ -448,6 +456,7 @@ def columnar_values(pipeline: Pipeline) -> Any:
         or pipeline.prefix
         or pipeline.inputs
         or pipeline.source_taps
+        or pipeline.edges
     ):
         return None
     return schema.arrow_schema

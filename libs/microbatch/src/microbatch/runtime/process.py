@@ -20,7 +20,7 @@ instance runs every batch, even without input, so timers fire on time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from microbatch.state.handles import KeyContext, ListState, MapState, ValueState
 
@@ -41,6 +41,8 @@ class ProcessContext:
         #: In ``on_timer``: ``"event_time"`` or ``"processing_time"``, the timer's kind.
         self.time_domain = time_domain
         self.emitted: list[tuple[str | None, Any]] = []
+        #: ``(reason, error, record)`` of records this call dead-lettered.
+        self.dead: list[tuple[str, str, Any]] = []
 
     @property
     def key(self) -> Any:
@@ -82,9 +84,28 @@ class ProcessContext:
         ``sink``) only to that sink of the step — a side output."""
         self.emitted.append((to or sink, record))
 
+    def dead_letter(self, reason: str, error: str, record: Any = None) -> None:
+        """Send ``record`` to the pipeline's dead letters with ``reason`` (a short word,
+        such as ``late_join``) and ``error`` (what happened, for a person), instead of
+        processing it; counted in the batch's ``dead_letters.<reason>``."""
+        self.dead.append((reason, error, record))
+
+
+class Sided(NamedTuple):
+    """A record of a keyed step with several inputs (a join): ``side`` is the input's
+    place (0: the stream the step was called on, 1: the first other one, ...)."""
+
+    side: int
+    record: Any
+
 
 class KeyedProcessFunction:
     """Base class of keyed processing; override ``process`` and maybe ``on_timer``."""
+
+    #: True: the function also gets records behind the watermark and decides about them
+    #: itself (the joins do: a late record may still match). False: stage 1 makes them
+    #: dead letters ``late`` (as windows decide for themselves, they never get there).
+    late_records: bool = False
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement process()")

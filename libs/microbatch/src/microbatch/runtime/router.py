@@ -2,10 +2,11 @@
 
 A single-operator pipeline sends what ``process`` emits to every sink (or to the one named
 by ``ctx.emit(record, to=...)``). In a dataflow each keyed step sends its main output to
-its taps (each through its stateless steps) and to the next keyed step: those records are
-keyed and become envelope rows of the next exchange, numbered per key-group of this step
-(``topic`` = ``@<uid>``, ``partition`` = key-group, ``offset`` = its count), so the next
-step sees every key's records in one order whatever the parallelism.
+its taps (each through its stateless steps) and along each edge out of it (to the keyed
+steps that read it): those records are keyed and become envelope rows of the next
+exchange, numbered per key-group of this step (``topic`` = ``@<uid>><target>``,
+``partition`` = key-group, ``offset`` = its count), so the target sees every key's
+records in one order whatever the parallelism.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from microbatch.runtime.envelope import (
     EnvelopeBuilder,
     encode_payload,
 )
+from microbatch.runtime.graph import Edge, edges_from, first_uid, marker
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.stage_one import event_time_ms
 from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, Tap, run_chain
@@ -88,17 +90,19 @@ class Router:
         self.outputs: dict[str, list[Any]] = {n: [] for n in own_sinks(pipeline, uid)}
         self.single = pipeline.taps is None
         self.main_taps = [t for t in step_taps(pipeline, uid) if not t.side]
-        self.next = next_step(pipeline, uid)
+        own = uid if uid is not None else first_uid(pipeline)
+        functions = {s.uid: s.process for s in pipeline.steps}
+        et = pipeline.event_time
+        time_field = None if et is None else et.field
+        #: Where the main output goes on: one way per edge out of this step.
+        self.ways = [
+            _Way(e, marker(own, e.target), _windowed(functions[e.target]), time_field)
+            for e in edges_from(pipeline, own)
+        ]
         self.forward = EnvelopeBuilder()
         self._count = [0] * pipeline.max_parallelism  # rows handed on per key-group
         self._rows = _Rows()
-        key_by = self.next.key_by if self.next is not None else None
-        self._key_field = key_by if isinstance(key_by, str) else None
         self._keys: dict[str, tuple[bytes, int, int]] = {}
-        et = pipeline.event_time
-        self._time_field = None if et is None else et.field
-        self._windowed = getattr(self.next.process if self.next else None, "columnar", False)
-        self._marker = f"@{uid or pipeline.uid or ''}"
 
     def emit(self, emitted: Sequence[tuple[str | None, Any]], key_group: int) -> None:
         """What one ``process``/``on_timer`` call emitted (``ctx.emitted``)."""
@@ -121,9 +125,9 @@ class Router:
             return
         for tap in self.main_taps:
             self.outputs[tap.sink].extend(self._chain(tap.chain, record))
-        if self.next is not None:
-            for r in self._chain(self.next.before, record):
-                self._forward(r, key_group)
+        for way in self.ways:
+            for r in self._chain(way.edge.chain, record):
+                self._forward(r, key_group, way)
 
     def _chain(self, chain: Chain, record: Any) -> list[Any]:
         if not chain:
@@ -138,22 +142,21 @@ class Router:
             self.dead_letter("step_failed", str(e), raw_value=_json(record))
             return []
 
-    def _forward(self, record: Any, key_group: int) -> None:
-        step = self.next
-        assert step is not None
-        field = self._key_field
+    def _forward(self, record: Any, key_group: int, way: _Way) -> None:
+        edge = way.edge
+        field = way.key_field
         if field is not None and type(record) is dict:  # what key_of does, minus a call
             key = record.get(field)
         else:
             try:
-                key = step.key_of(record)
+                key = edge.key_of(record)
             except Exception as e:  # user code
-                self.dead_letter("bad_key", f"step {step.uid!r}: key_by raised "
+                self.dead_letter("bad_key", f"step {edge.target!r}: key_by raised "
                                  f"{error_text(e)}", raw_value=_json(record))  # fmt: skip
                 return
         if key is None:
-            self.dead_letter("missing_key", f"step {step.uid!r}: key_by {step.key_by!r} gave "
-                             "no key", raw_value=_json(record))  # fmt: skip
+            self.dead_letter("missing_key", f"step {edge.target!r}: key_by {edge.key_by!r} "
+                             "gave no key", raw_value=_json(record))  # fmt: skip
             return
         try:
             known = self._keys.get(key) if type(key) is str else None
@@ -163,12 +166,13 @@ class Router:
                     self._keys[key] = known
             payload = encode_payload(record)
         except MicrobatchError as e:
-            self.dead_letter("bad_key", f"step {step.uid!r}: {e}", raw_value=_json(record))
+            self.dead_letter("bad_key", f"step {edge.target!r}: {e}", raw_value=_json(record))
             return
-        ts = self._event_time(record)
+        ts = self._event_time(record, way)
         if ts is False:
             return
         rows = self._rows
+        rows.topic.append(way.marker)
         rows.partition.append(key_group)
         rows.offset.append(self._count[key_group])
         self._count[key_group] += 1
@@ -178,7 +182,7 @@ class Router:
 
     def forward_rows(self) -> pa.RecordBatch:
         """The rows for the next keyed step: its records, then the dead letters so far."""
-        return pa.concat_batches([self._rows.batch(self._marker), self.forward.rows_batch()])
+        return pa.concat_batches([self._rows.batch(), self.forward.rows_batch()])
 
     def _place(self, key_bytes: bytes) -> tuple[bytes, int, int]:
         """(key bytes, key-group, instance) of a key of the next step."""
@@ -186,17 +190,17 @@ class Router:
         kg = key_group_of_bytes(key_bytes, maxp)
         return key_bytes, kg, operator_index(kg, maxp, self.parallelism)
 
-    def _event_time(self, record: Any) -> int | bool | None:
+    def _event_time(self, record: Any, way: _Way) -> int | bool | None:
         """The record's event time for the next step (None: it has none), or False after
         dead-lettering a record a window cannot place. A window's output row without the
         event-time field takes its window's last millisecond, as in Flink."""
-        field = self._time_field
+        field = way.time_field
         raw = record.get(field) if field is not None and type(record) is dict else None
         if raw is None and isinstance(record, dict) and isinstance(record.get("window_end"), int):
             raw = record["window_end"] - 1
-        where = f"step {self.next.uid!r}" if self.next else ""
+        where = f"step {way.edge.target!r}"
         if raw is None:
-            if self._windowed:
+            if way.windowed:
                 error = f"{where}: a window needs the event-time field {field!r}"
                 self.dead_letter("missing_event_time", error, raw_value=_json(record))
                 return False
@@ -219,22 +223,36 @@ class Router:
                              0, instance, None, None, None, detail.to_payload())  # fmt: skip
 
 
+class _Way:
+    """One edge out of the step, with what forwarding along it needs at hand."""
+
+    __slots__ = ("edge", "key_field", "marker", "time_field", "windowed")
+
+    def __init__(self, edge: Edge, marker: str, windowed: bool, time_field: str | None) -> None:
+        self.edge = edge
+        self.marker = marker
+        self.windowed = windowed
+        self.time_field = time_field
+        self.key_field = edge.key_by if isinstance(edge.key_by, str) else None
+
+
 class _Rows:
-    """The next step's record rows, column by column (the hot path of a dataflow)."""
+    """The next steps' record rows, column by column (the hot path of a dataflow)."""
 
     def __init__(self) -> None:
+        self.topic: list[str] = []
         self.partition: list[int] = []
         self.offset: list[int] = []
         self.placed: list[tuple[bytes, int, int]] = []  # (key bytes, key-group, instance)
         self.ts: list[int | None] = []
         self.payload: list[bytes] = []
 
-    def batch(self, marker: str) -> pa.RecordBatch:
+    def batch(self) -> pa.RecordBatch:
         n = len(self.payload)
         keys, groups, instances = zip(*self.placed, strict=True) if n else ((), (), ())
         columns = {
             "kind": pa.array([RECORD] * n, pa.string()),
-            "topic": pa.array([marker] * n, pa.string()),
+            "topic": pa.array(self.topic, pa.string()),
             "partition": pa.array(self.partition, pa.int32()),
             "offset": pa.array(self.offset, pa.int64()),
             "seq": pa.array([0] * n, pa.int32()),
@@ -245,6 +263,10 @@ class _Rows:
             "payload": pa.array(self.payload, pa.binary()),
         }
         return pa.RecordBatch.from_pydict(columns, schema=ENVELOPE_SCHEMA)
+
+
+def _windowed(fn: Any) -> bool:
+    return bool(getattr(fn, "columnar", False))
 
 
 def _json(record: Any) -> bytes:

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import BatchError
-from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RESULT, STAT, ticks
+from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RECORD, RESULT, STAT, ticks
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.stage_two import StageTwo
+from microbatch.runtime.steps import FOR
 
 Body = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -52,6 +53,9 @@ def step_instance(stage: StageTwo) -> Body:
         received = [b.select(ENVELOPE_SCHEMA.names) for b in batches]
         table = pa.Table.from_batches(received, schema=ENVELOPE_SCHEMA)
         earlier = pc.equal(table.column("kind"), RESULT)
+        later = rows_for_later(table, stage.step)  # ride on through this step
+        if later is not None:
+            earlier = pc.or_(earlier, later)
         own = table.filter(pc.invert(earlier))
         instances = pc.unique(own.column("instance")).to_pylist()
         if len(instances) != 1:  # every partition holds its tick
@@ -79,6 +83,19 @@ def step_instance(stage: StageTwo) -> Body:
             yield from ticks(range(stage.parallelism)).to_batches()
 
     return per_instance
+
+
+def rows_for_later(table: pa.Table, step: str | None) -> pa.ChunkedArray | None:
+    """Which rows are records for a keyed step after ``step`` (None: the first step), or
+    None when there are none (a chain: every record row is the step's own)."""
+    topics = table.column("topic")
+    marked = pc.match_substring(topics, FOR)
+    if not pc.any(marked).as_py():
+        return None
+    records = pc.equal(table.column("kind"), RECORD)
+    if step is None:
+        return pc.and_(records, marked)
+    return pc.and_(records, pc.invert(pc.ends_with(topics, f"{FOR}{step}")))
 
 
 def result_row(uid: str, result: InstanceResult) -> pa.RecordBatch:

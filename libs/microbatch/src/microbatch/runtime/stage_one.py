@@ -35,6 +35,14 @@ from microbatch.runtime.envelope import (
     unkeyed_instance,
 )
 from microbatch.runtime.faults import crash_if
+from microbatch.runtime.graph import (
+    Edge,
+    edges_from,
+    first_uid,
+    marker,
+    source_of_topic,
+    step_order,
+)
 from microbatch.runtime.pipeline import (
     KafkaSource,
     Pipeline,
@@ -46,6 +54,27 @@ from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 from microbatch.runtime.steps import StepFailed, filters_only, run_chain
 
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
+
+
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    """Where a source's records go in a dataflow graph: ``edge`` into its target step,
+    rows marked ``marker`` (None: the first step's, which keep their topic); records
+    behind ``late_before`` are dead letters ``late`` (None: the step takes them)."""
+
+    edge: Edge
+    marker: str | None
+    late_before: int | None
+
+    @property
+    def field(self) -> str | None:
+        return None if callable(self.edge.key_by) else self.edge.key_by
+
+
+def takes_late(fn: Any) -> bool:
+    """Does a keyed step's function decide itself about records behind the watermark
+    (windows, joins) rather than have stage 1 dead-letter them?"""
+    return bool(getattr(fn, "columnar", False) or getattr(fn, "late_records", False))
 
 
 class _Bad(Exception):
@@ -146,7 +175,28 @@ class StageOne:
         windowed pipeline has none: its window operator drops a record only when every
         window of the record had closed (``late_window``), as Flink's and Spark's windows
         do, so a record behind the watermark still counts in a window that is open."""
-        return None if getattr(self.pipeline.process, "columnar", False) else self.watermark
+        return None if takes_late(self.pipeline.process) else self.watermark
+
+    @functools.cached_property
+    def _routes(self) -> dict[str, tuple[_Route, ...]]:
+        """Per topic of a dataflow graph (``pipeline.edges``): where its records go."""
+        pipeline = self.pipeline
+        first = first_uid(pipeline)
+        functions = dict(
+            zip(step_order(pipeline), (pipeline.process, *(s.process for s in pipeline.steps)),
+                strict=True)
+        )  # fmt: skip
+        return {
+            topic: tuple(
+                _Route(
+                    e,
+                    None if e.target == first else marker(i, e.target, topic),
+                    None if takes_late(functions[e.target]) else self.watermark,
+                )
+                for e in edges_from(pipeline, i)
+            )
+            for topic, i in source_of_topic(pipeline).items()
+        }
 
     @functools.cached_property
     def _decoder(self) -> Any:
@@ -163,18 +213,26 @@ class StageOne:
         key_by = self.pipeline.key_by
         return None if callable(key_by) else key_by
 
-    def keyed(self, record: Any) -> tuple[bytes, int, int | None]:
-        """(key bytes, key-group, event time) of a decoded record, or raise ``_Bad``."""
-        field = self._key_field
+    def keyed(self, record: Any, route: _Route | None = None) -> tuple[bytes, int, int | None]:
+        """(key bytes, key-group, event time) of a decoded record, or raise ``_Bad``;
+        ``route``: keyed for that edge of a dataflow graph (else the first step's key)."""
+        if route is None:
+            field, key_of, late_before, step = (
+                self._key_field, self.pipeline.key_of, self._late_before, ""
+            )  # fmt: skip
+        else:
+            field, key_of, late_before = route.field, route.edge.key_of, route.late_before
+            step = f"step {route.edge.target!r}: "
         if field is not None and type(record) is dict:  # what key_of does, minus two calls
             key = record.get(field)
         else:
             try:
-                key = self.pipeline.key_of(record)
+                key = key_of(record)
             except Exception as e:  # user code: a dead letter, with the cause
-                raise _Bad("bad_key", f"key_by raised {error_text(e)}") from e
+                raise _Bad("bad_key", f"{step}key_by raised {error_text(e)}") from e
         if key is None:
-            raise _Bad("missing_key", f"key_by {self.pipeline.key_by!r} gave no key")
+            key_by = self.pipeline.key_by if route is None else route.edge.key_by
+            raise _Bad("missing_key", f"{step}key_by {key_by!r} gave no key")
         if type(key) is str:  # exactly str: no subclass, no 1 == True == 1.0 aliasing
             known = self._str_keys.get(key)
             if known is None:
@@ -194,7 +252,7 @@ class StageOne:
                 ts = event_time_ms(raw)
             except (ValueError, TypeError, OverflowError) as e:
                 raise _Bad("bad_event_time", f"field {et.field!r}: {e}") from e
-            if self._late_before is not None and ts < self._late_before:
+            if late_before is not None and ts < late_before:
                 raise _Bad(
                     "late",
                     f"event time {ts} is behind the watermark {self.watermark} "
@@ -364,6 +422,16 @@ class StageOne:
         source bytes, handed on when the prefix only filters (of a single source)."""
         builder = EnvelopeBuilder()  # all of the record's rows, or none
         self.add_outputs(builder, topic, part, off, record, seq)
+        if self.pipeline.edges:  # a dataflow graph: each edge from this source
+            for route in self._routes[topic]:
+                try:
+                    records = run_chain(route.edge.chain, record)
+                except StepFailed as e:
+                    raise self._step_failed(e, topic, part, off) from e
+                for i, r in enumerate(records):
+                    self.add_record(builder, topic, part, off, seq * 1024 + i, r, route=route)
+            out.rows.extend(builder.rows)
+            return
         prefix = self.prefix_of(topic)
         if raw is not None and not self.pipeline.inputs and filters_only(prefix):
             try:
@@ -421,12 +489,14 @@ class StageOne:
         seq: int,
         record: Any,
         raw: bytes | None = None,
+        route: _Route | None = None,
     ) -> None:
         """Append ``record`` as a keyed row; raises ``_Bad`` (nothing appended) if unfit.
 
         ``raw``: the record's source bytes, carried instead of re-encoding the record when
-        stage 2 can decode them again (no enrichment changed it)."""
-        key_bytes, kg, ts = self.keyed(record)
+        stage 2 can decode them again (no enrichment changed it). ``route``: the edge of a
+        dataflow graph it takes."""
+        key_bytes, kg, ts = self.keyed(record, route)
         if raw is not None:
             payload = raw
         else:
@@ -434,6 +504,8 @@ class StageOne:
                 payload = encode_payload(record)
             except MicrobatchError as e:
                 raise _Bad("undecodable", f"decoded value is not plain data: {e}") from e
+        if route is not None and route.marker is not None:
+            topic = route.marker
         out.record(topic, part, off, seq, self._instance_of[kg], kg, key_bytes, ts, payload)
 
 
@@ -485,6 +557,6 @@ class _SourceBytes:
 def payload_decoder(pipeline: Pipeline) -> Any:
     """How stage 2 turns a record's payload back into the record (see ``add_record``)."""
     changed = pipeline.prefix and not filters_only(pipeline.prefix)
-    if pipeline.enrich is not None or changed or pipeline.inputs:  # not the source's bytes
+    if pipeline.enrich is not None or changed or pipeline.inputs or pipeline.edges:  # not raw
         return decode_payload
     return source_decoder(pipeline)

@@ -64,11 +64,13 @@ from microbatch.runtime.envelope import (
     stage_one_totals,
 )
 from microbatch.runtime.faults import crash_if
+from microbatch.runtime.graph import first_uid, sides
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.process import KeyedProcessFunction, ProcessContext
+from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.stage_one import gc_paused
+from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import run_windows
 from microbatch.settings import Settings
@@ -160,7 +162,14 @@ class SortedRecords:
     def source(self, i: int) -> dict[str, Any]:
         """Topic, partition and offset of the ``i``-th record (for errors)."""
         row = self.rows[i].as_py()
-        return {c: self.table.column(c)[row].as_py() for c in ("topic", "partition", "offset")}
+        at = {c: self.table.column(c)[row].as_py() for c in ("topic", "partition", "offset")}
+        at["topic"] = at["topic"].split(FOR)[0]  # the source's topic, or ``@<step>``
+        return at
+
+    def sides(self, side_of: dict[str, int]) -> list[int]:
+        """The input side of each record, in processing order (a join's)."""
+        tags = [t.split(FOR)[0] for t in self.column("topic").to_pylist()]
+        return [side_of[t] for t in tags]
 
 
 def _ranks(column: pa.ChunkedArray) -> pa.Array:
@@ -230,6 +239,10 @@ class StageTwo:
                 "result": [json.dumps(result.to_json())],
             }
         )
+
+    @property
+    def _step_name(self) -> str:
+        return "" if self.step is None else f"step {self.step!r}: "
 
     def _where(self, instance: int) -> str:
         step = "" if self.step is None else f" step {self.step!r}"
@@ -376,8 +389,26 @@ class StageTwo:
         else:  # records handed on by the step before: always payloads
             payloads = recs.column("payload").to_pylist()
             records_of = lambda i, j: DecodedRecords(map(decode_payload, payloads[i:j]))  # noqa: E731
+        side_of = sides(pipeline, self.step if self.step is not None else first_uid(pipeline))
+        if side_of is not None:  # a join: each record with the side it came in on
+            record_sides = recs.sides(side_of)
+            plain_records = records_of
+
+            def records_of(i: int, j: int) -> list[Sided]:
+                pairs = zip(record_sides[i:j], plain_records(i, j), strict=True)
+                return [Sided(*pair) for pair in pairs]
+
         source = recs.source
         maxp = pipeline.max_parallelism
+
+        def dead_letters_of(ctx: ProcessContext) -> None:
+            """What ``ctx.dead_letter`` sent: dead letters naming the step and the key."""
+            for reason, error, record in ctx.dead:
+                body = record.record if isinstance(record, Sided) else record
+                dead_letter(
+                    reason, f"{self._step_name}key {ctx.key!r}: {error}",
+                    raw_value=json.dumps(body, default=str).encode(),
+                )  # fmt: skip
 
         if getattr(process_fn, "columnar", False):
             emitted: list[Any] = []
@@ -433,6 +464,7 @@ class StageTwo:
                     )  # fmt: skip
             else:
                 router.emit(ctx.emitted, kg)
+                dead_letters_of(ctx)
             stats["keys"] += 1
 
         # Step 3: timers, event time first.
@@ -458,6 +490,7 @@ class StageTwo:
                 dead_letter("timer_failed", error_text(e), raw_value=json.dumps(body).encode())
             else:
                 router.emit(ctx.emitted, key_ctx.key_group)
+                dead_letters_of(ctx)
 
         if watermark is not None:
             backend.advance_watermark(watermark, on_timer)

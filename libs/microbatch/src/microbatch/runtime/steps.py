@@ -25,6 +25,10 @@ from microbatch.errors import ConfigError, MicrobatchError, error_text
 from microbatch.runtime.process import KeyedProcessFunction
 
 StatelessKind = Literal["map", "filter", "flat_map"]
+#: In an envelope row's ``topic``: what comes before the uid of the keyed step the row is
+#: for, when that is not the first step (see :mod:`microbatch.runtime.graph`); a topic
+#: and a uid never hold it.
+FOR = ">"
 _KINDS = ("map", "filter", "flat_map")
 
 
