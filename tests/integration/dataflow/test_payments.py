@@ -104,6 +104,35 @@ def test_rescaling_between_batches_changes_no_output(
     assert outcome(tmp_path) == clean["outcome"]
 
 
+def test_a_reshard_between_batches_moves_every_steps_state(
+    clean, spark, kafka_settings, topic, tmp_path
+) -> None:
+    """Batch 1 at max_parallelism 16, ``microbatch reshard`` to 32 (both keyed steps'
+    state re-assigned and checked), the rest at 32: the outputs of the clean run."""
+    import dataclasses
+
+    from microbatch.checkpoint import reshard
+    from microbatch.runtime.records import BatchRecord, ReshardOrigin
+
+    pipe = _capped(payments_dataflow(topic, str(tmp_path)), 40)
+    BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id="r0"))
+    store = open_store(str(tmp_path / "checkpoints"))
+    before = latest_manifest(store, Layout())
+    record = dataclasses.replace(
+        BatchRecord.of(before), resharded_from=ReshardOrigin(before.checkpoint_id, 16)
+    )
+    after = reshard(store, Layout(), before.checkpoint_id, 32, metadata=record.to_json()).target
+    assert after.max_parallelism == 32 and list(after.operators) == ["merchant"]
+    assert sum(after.operators["merchant"].key_counts) == sum(
+        before.operators["merchant"].key_counts
+    )
+    wider = dataclasses.replace(pipe, max_parallelism=32)
+    for i in (1, 2):
+        BatchRunner(spark, wider, kafka_settings).run(BatchOptions(run_id=f"r{i}", parallelism=3))
+    assert outcome(tmp_path) == clean["outcome"]
+    assert rows(tmp_path, "idle") == rows(clean["root"], "idle")
+
+
 @pytest.mark.parametrize("crash_at", CRASH_POINTS)
 def test_a_crash_then_a_rerun_equals_the_clean_run(
     crash_at, clean, spark, kafka_settings, topic, tmp_path

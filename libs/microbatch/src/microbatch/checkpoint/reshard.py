@@ -1,7 +1,8 @@
 """Offline reshard: rewrite a checkpoint for a different ``max_parallelism``.
 
 ``max_parallelism`` fixes the key → key-group mapping, so changing it moves every key.
-This reads every key-group of the source checkpoint (sorted runs or format 1), re-assigns
+This reads every key-group of the source checkpoint (sorted runs or format 1; each keyed
+step of a dataflow in turn), re-assigns
 each key to ``key_group(key, new_max_parallelism)``, writes a checkpoint of sorted runs
 (one run per instance; id ``target_id``, default source + 1) at ``parallelism``
 instances, reads it back and verifies that the number of keys and an order-independent
@@ -82,37 +83,15 @@ def _write_run(
     )
 
 
-def reshard(
-    store: ObjectStore,
-    layout: Layout,
-    source_id: int,
-    new_max_parallelism: int,
-    *,
-    target_id: int | None = None,
-    parallelism: int | None = None,
-    metadata: Mapping[str, Any] | None = None,
-) -> ReshardResult:
-    """Rewrite checkpoint ``source_id`` for ``new_max_parallelism`` and commit it.
-
-    ``metadata``: the new manifest's (the runtime passes its batch record, marked as a
-    reshard's copy); by default the source's, with ``resharded_from`` added."""
-    check_max_parallelism(new_max_parallelism)
-    source = load_manifest(store, layout, source_id)
-    if source.operators:
-        raise CheckpointError(
-            f"reshard of checkpoint {source_id}: it holds the state of several keyed steps "
-            f"(the first, and {', '.join(map(repr, sorted(source.operators)))}); resharding "
-            "a dataflow with more than one keyed step is not supported yet. Keep "
-            f"max_parallelism={source.max_parallelism}; rescale with parallelism instead."
-        )
-    target_id = source_id + 1 if target_id is None else target_id
-    parallelism = parallelism or min(source.parallelism, new_max_parallelism)
-
-    old = KeyedStateBackend(source.max_parallelism, KeyGroupRange(0, source.max_parallelism - 1))
-    restore_groups(store, source, old, range(source.max_parallelism))
-    keys_before, checksum_before = state_digest([old])
-
-    # Re-assign every row to its new key-group (row order within a key is kept).
+def _regrouped(
+    store: ObjectStore, view: Manifest, new_max_parallelism: int, parallelism: int
+) -> tuple[list[KeyedStateBackend], tuple[int, str]]:
+    """One keyed step's state (``view``: the checkpoint as that step sees it) re-assigned to
+    the key-groups of ``new_max_parallelism`` over ``parallelism`` instances, and its
+    digest before (row order within a key is kept)."""
+    old = KeyedStateBackend(view.max_parallelism, KeyGroupRange(0, view.max_parallelism - 1))
+    restore_groups(store, view, old, range(view.max_parallelism))
+    before = state_digest([old])
     regrouped: dict[int, dict[str, list]] = {}
     for kg in old.groups_with_state():
         rows = old.export_rows(kg)
@@ -126,8 +105,39 @@ def reshard(
         for kg in backend.key_groups:
             if kg in regrouped:
                 backend.import_rows(kg, regrouped[kg])
+    return backends, before
 
-    snaps = [_write_run(store, layout, b, target_id, i) for i, b in enumerate(backends)]
+
+def reshard(
+    store: ObjectStore,
+    layout: Layout,
+    source_id: int,
+    new_max_parallelism: int,
+    *,
+    target_id: int | None = None,
+    parallelism: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> ReshardResult:
+    """Rewrite checkpoint ``source_id`` for ``new_max_parallelism`` and commit it: the
+    state of every keyed step (a dataflow's further steps' too), each checked on its own.
+
+    ``metadata``: the new manifest's (the runtime passes its batch record, marked as a
+    reshard's copy); by default the source's, with ``resharded_from`` added."""
+    check_max_parallelism(new_max_parallelism)
+    source = load_manifest(store, layout, source_id)
+    target_id = source_id + 1 if target_id is None else target_id
+    parallelism = parallelism or min(source.parallelism, new_max_parallelism)
+
+    # The first step's view is the manifest without the further steps.
+    views = {"": dataclasses.replace(source, operators={})}
+    views |= {uid: source.for_operator(uid) for uid in sorted(source.operators)}
+    snapshots: dict[str, list[InstanceSnapshot]] = {}
+    digests: dict[str, tuple[int, str]] = {}
+    for uid, view in views.items():
+        backends, digests[uid] = _regrouped(store, view, new_max_parallelism, parallelism)
+        snapshots[uid] = [
+            _write_run(store, layout, b, target_id, i) for i, b in enumerate(backends)
+        ]
     from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
 
     pause_if("during_reshard", f"reshard of checkpoint {source_id}")
@@ -140,24 +150,31 @@ def reshard(
         }
     manifest = build_manifest(
         target_id,
-        snaps,
+        snapshots.pop(""),
         max_parallelism=new_max_parallelism,
         pipeline_fingerprint=source.pipeline_fingerprint,
         base=None,
         full=True,
         metadata=metadata,
+        operators=snapshots,
+        step_types={uid: op.process for uid, op in source.operators.items()},
+        first_uid=source.first_uid,
     )
     if manifest.checkpoint_id <= source_id:
         raise CheckpointError(f"reshard target id {target_id} must be greater than {source_id}")
 
-    check = KeyedStateBackend(new_max_parallelism, KeyGroupRange(0, new_max_parallelism - 1))
-    restore_groups(store, manifest, check, range(new_max_parallelism))
-    keys_after, checksum_after = state_digest([check])
-    if (keys_after, checksum_after) != (keys_before, checksum_before):
-        raise CheckpointError(
-            f"reshard of checkpoint {source_id} to max_parallelism={new_max_parallelism} "
-            f"changed the state: {keys_before} keys/{checksum_before} before, {keys_after} "
-            f"keys/{checksum_after} after; nothing was committed"
-        )
+    for uid, (keys_before, checksum_before) in digests.items():
+        view = manifest.for_operator(uid) if uid else dataclasses.replace(manifest, operators={})
+        check = KeyedStateBackend(new_max_parallelism, KeyGroupRange(0, new_max_parallelism - 1))
+        restore_groups(store, view, check, range(new_max_parallelism))
+        keys_after, checksum_after = state_digest([check])
+        if (keys_after, checksum_after) != (keys_before, checksum_before):
+            step = f" step {uid!r}" if uid else ""
+            raise CheckpointError(
+                f"reshard of checkpoint {source_id}{step} to max_parallelism="
+                f"{new_max_parallelism} changed the state: {keys_before} keys/"
+                f"{checksum_before} before, {keys_after} keys/{checksum_after} after; "
+                "nothing was committed"
+            )
     commit_manifest(store, layout, manifest)
-    return ReshardResult(source_id, manifest, keys_after, checksum_after)
+    return ReshardResult(source_id, manifest, *digests[""])
