@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from microbatch.dataflow import Dataflow
-from microbatch.runtime import BatchOptions, BatchRunner, KafkaSource, KeyedProcessFunction
+from microbatch.runtime import (
+    BatchOptions,
+    BatchRunner,
+    DeadLetterSink,
+    KafkaSource,
+    KeyedProcessFunction,
+)
 from microbatch.runtime.process import Sided
 from microbatch.sinks import ParquetSink, read_parquet_sink
 from tests.integration.runtime.test_batches import new_topic, produce
@@ -68,22 +74,32 @@ class SideCounts(KeyedProcessFunction):
         counts = seen.get([0, 0])
         for side, record in records:
             assert ("amount" in record) == (side == 0), record
+            if side == 1 and record["paid"] == 0:
+                ctx.dead_letter("zero_payment", "a payment of nothing", record)
+                continue
             counts[side] += 1
         seen.set(counts)
         ctx.emit({"card": key, "orders": counts[0], "payments": counts[1]})
 
 
 def graph(tmp_path: Any, orders_topic: str, payments_topic: str) -> Dataflow:
-    flow = Dataflow("graph", checkpoints=f"{tmp_path}/cp", max_parallelism=16, parallelism=2)
+    flow = Dataflow(
+        "graph",
+        checkpoints=f"{tmp_path}/cp",
+        dead_letters=DeadLetterSink(path=f"{tmp_path}/dead"),
+        max_parallelism=16,
+        parallelism=2,
+    )
     out = lambda name: ParquetSink(name, f"{tmp_path}/{name}")  # noqa: E731
     limit = {"max_records_per_batch": 30}
     orders = flow.source(KafkaSource(topics=(orders_topic,), **limit))
     payments = flow.source(KafkaSource(topics=(payments_topic,), **limit))
     totals = orders.key_by("card").process(CardTotal(), uid="totals")
     totals.key_by("merchant").process(Count("merchant"), uid="per-merchant").to(out("merchants"))
-    totals.filter(lambda r: r["total"] > 100).key_by("card").process(Biggest(), uid="big").to(
-        out("big")
-    )
+    no_card = lambda r: {**r, "card": None} if r["total"] == 1 else r  # noqa: E731
+    totals.map(no_card).filter(lambda r: r["total"] > 100 or r["card"] is None).key_by(
+        "card"
+    ).process(Biggest(), uid="big").to(out("big"))
     entries = totals.map(lambda r: {"card": r["card"]}).union(payments)
     entries.key_by("card").process(Count("card"), uid="ledger").to(out("ledger"))
     orders.key_by("card").join(payments.key_by("card"), SideCounts(), uid="sides").to(out("sides"))
@@ -102,7 +118,9 @@ def test_a_graph_of_keyed_steps_equals_the_reference_through_a_crash_and_a_resca
 ) -> None:
     orders_topic, payments_topic = new_topic(admin, 2), new_topic(admin, 1)
     produce(bootstrap, orders_topic, [json.dumps(order(i)).encode() for i in range(ORDERS)])
+    bad = [b"not json"]
     produce(bootstrap, payments_topic, [json.dumps(payment(i)).encode() for i in range(PAYMENTS)])
+    produce(bootstrap, payments_topic, bad)
     pipeline = graph(tmp_path, orders_topic, payments_topic).build()
     assert pipeline.edges, "a graph, not a chain"
 
@@ -122,16 +140,25 @@ def test_a_graph_of_keyed_steps_equals_the_reference_through_a_crash_and_a_resca
         if total[o["card"]] > 100:
             tops[o["card"]] = total[o["card"]]
     per_card = Counter(o["card"] for o in orders)
-    paid = Counter(p["card"] for p in payments)
+    paid = Counter(p["card"] for p in payments if p["paid"])
+    ledger = Counter(o["card"] for o in orders) + Counter(p["card"] for p in payments)
 
     def read(name: str) -> list[dict[str, Any]]:
         return read_parquet_sink(str(tmp_path / name)).to_pylist()
 
     assert highest(read("merchants"), "merchant", "n") == Counter(o["merchant"] for o in orders)
     assert highest(read("big"), "card", "top") == tops
-    assert highest(read("ledger"), "card", "n") == per_card + paid
+    assert highest(read("ledger"), "card", "n") == ledger
     sides = read("sides")
     assert highest(sides, "card", "orders") == per_card
     assert highest(sides, "card", "payments") == paid
     # Each step's records came once: the ledger's counts grow by exactly its batch's records.
     assert len({(r["card"], r["n"]) for r in read("ledger")}) == len(read("ledger"))
+    # Dead letters say which step set each aside: none (stage 1), the step whose output
+    # had no key for the next one, and a join's own ctx.dead_letter.
+    dead = sorted((d["reason"], d["step"], d["topic"]) for d in read("dead"))
+    assert dead == [
+        ("missing_key", "totals", None),
+        ("undecodable", None, payments_topic),
+        ("zero_payment", "sides", None),
+    ]

@@ -98,6 +98,8 @@ class DeadLetterDetail(NamedTuple):
     raw_key: bytes | None
     raw_value: bytes | None
     attempts: int | None = None
+    #: The uid of the keyed step that set the record aside (None: stage 1, before any).
+    step: str | None = None
 
     def to_payload(self) -> bytes:
         return encode_payload(tuple(self))

@@ -217,8 +217,9 @@ class Router:
         """Dead letters of this step and before, handed on: the last step stages them."""
         for d in dead:
             detail = DeadLetterDetail(
-                d["reason"], d["error"], d.get("raw_key"), d.get("raw_value"), d.get("attempts")
-            )
+                d["reason"], d["error"], d.get("raw_key"), d.get("raw_value"), d.get("attempts"),
+                d.get("step"),
+            )  # fmt: skip
             self.forward.add(DEAD_LETTER, d.get("topic"), d.get("partition"), d.get("offset"),
                              0, instance, None, None, None, detail.to_payload())  # fmt: skip
 

@@ -94,8 +94,10 @@ def rows_for_later(table: pa.Table, step: str | None) -> pa.ChunkedArray | None:
         return None
     records = pc.equal(table.column("kind"), RECORD)
     if step is None:
-        return pc.and_(records, marked)
-    return pc.and_(records, pc.invert(pc.ends_with(topics, f"{FOR}{step}")))
+        later = pc.and_(records, marked)
+    else:
+        later = pc.and_(records, pc.invert(pc.ends_with(topics, f"{FOR}{step}")))
+    return pc.fill_null(later, False)  # a dead letter without a topic is no record
 
 
 def result_row(uid: str, result: InstanceResult) -> pa.RecordBatch:

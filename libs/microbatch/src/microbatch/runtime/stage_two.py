@@ -314,6 +314,8 @@ class StageTwo:
         stats: Counter[str] = Counter()
         process_fn = self.process_fn
 
+        own_uid = self.step or pipeline.uid
+
         def dead_letter(reason: str, error: str, **src: Any) -> None:
             stats[f"dead_letters.{reason}"] += 1
             dead.append(
@@ -328,6 +330,7 @@ class StageTwo:
                     "attempts": src.get("attempts"),
                     "raw_key": src.get("raw_key"),
                     "raw_value": src.get("raw_value"),
+                    "step": src.get("step", own_uid),
                 }
             )
 
@@ -342,7 +345,7 @@ class StageTwo:
             dead_letter(
                 detail.reason, detail.error, topic=row["topic"], partition=row["partition"],
                 offset=row["offset"], attempts=detail.attempts, raw_key=detail.raw_key,
-                raw_value=detail.raw_value,
+                raw_value=detail.raw_value, step=detail.step,
             )  # fmt: skip
 
         # The records stage 1 sent to sinks fed before the first keyed step.

@@ -37,6 +37,9 @@ DEAD_LETTER_SCHEMA = pa.schema(
         ("attempts", pa.int32()),
         ("raw_key", pa.binary()),
         ("raw_value", pa.binary()),
+        # The uid of the keyed step that set the record aside (null: before any step, or a
+        # single-operator pipeline without uid). Batches written before it lack it.
+        ("step", pa.string()),
     ]
 )
 
@@ -59,6 +62,7 @@ def dead_letter_messages(rows: Sequence[dict[str, Any]]) -> pa.Table:
             ("microbatch.partition", "" if r["partition"] is None else str(r["partition"])),
             ("microbatch.offset", "" if r["offset"] is None else str(r["offset"])),
             ("microbatch.attempts", "" if r["attempts"] is None else str(r["attempts"])),
+            ("microbatch.step", r.get("step") or ""),
         ]
         headers.append([{"key": k, "value": v.encode()} for k, v in h])
     return pa.table({"key": keys, "value": values, "headers": headers}, schema=MESSAGE_SCHEMA)
