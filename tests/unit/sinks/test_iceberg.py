@@ -19,6 +19,8 @@ from microbatch.errors import ConfigError, SinkError
 from microbatch.settings import Settings
 from microbatch.sinks import IcebergCatalog, IcebergSink, PublishContext, StageContext
 from microbatch.sinks.iceberg import IcebergTarget, read_iceberg_sink
+from microbatch.sinks.iceberg_commit import commit_snapshot
+from microbatch.sinks.iceberg_files import data_file
 from microbatch.sinks.replacement import after_batch
 from microbatch.storage import open_store
 
@@ -104,7 +106,7 @@ def test_a_zombie_publishing_from_a_stale_table_writes_nothing_twice(
     )
     first, stale = t.load(), t.load()  # both read the table before either commits
     assert t.publish(1, mine, table=first)
-    with caplog.at_level("INFO", logger="microbatch.sinks.iceberg"):
+    with caplog.at_level("INFO", logger="microbatch.sinks.iceberg_target"):
         assert not t.publish(1, zombies, table=stale)  # its commit fails, reloads, finds 1
     assert "batch 1 conflicted" in caplog.text and "already committed" in caplog.text
     assert rows(t) == [("a", 1), ("z", 9)]
@@ -242,7 +244,7 @@ def test_collect_orphans_deletes_losing_attempts_but_never_a_referenced_file(
     batch(t, 0, two, end_offsets={"t:0": 2})
     # A file named like batch 0's that another commit references (a foreign compaction):
     kept = write(t, 0, [{"user": "a", "n": 1}], "foreign")
-    t._commit_snapshot(t.load(), [t._data_file(t.load(), kept[0])], [], {})
+    commit_snapshot(t.load(), [data_file(t.load(), kept[0], t.where)], [], {})
     # Batch 1 replaced later: its files are only in an older, still live, snapshot.
     old = write(t, 1, [{"user": "a", "n": 3}])
     t.publish(1, old, end_offsets={"t:0": 3})

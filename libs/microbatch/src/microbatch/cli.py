@@ -225,17 +225,21 @@ def cmd_unlock(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
 
 
 def cmd_optimize(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    """Compact a Delta sink's files per batch (and vacuum), holding the pipeline's lease,
-    after publishing a committed batch: no batch runs meanwhile, none is half published."""
+    """Compact a Delta or Iceberg sink's files per batch (and vacuum, or expire snapshots),
+    holding the pipeline's lease, after publishing a committed batch: no batch runs
+    meanwhile, none is half published."""
     from microbatch.checkpoint import Layout, latest_manifest
     from microbatch.runtime import fence
     from microbatch.runtime.publish import recover
     from microbatch.sinks.delta import DeltaSink
+    from microbatch.sinks.iceberg import IcebergSink
 
     pipeline = load_pipeline(args.pipeline)
     sink = pipeline.sink(args.sink)
-    if not isinstance(sink, DeltaSink):
-        raise ConfigError(f"sink {sink.name!r} is a {type(sink).__name__}, not a DeltaSink")
+    if not isinstance(sink, DeltaSink | IcebergSink):
+        raise ConfigError(
+            f"sink {sink.name!r} is a {type(sink).__name__}, not a DeltaSink or an IcebergSink"
+        )
     store = checkpoint_store(pipeline, settings)
     owner = f"optimize-{time.time_ns()}"
     with fence.lease(store, pipeline.name, owner, pipeline.lease_timeout_s) as held:
@@ -308,8 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay even though Kafka sinks receive the undone outputs again",
     )
     add("unlock", "end the lease now (else the next run takes it over after one lease timeout)")
-    op = add("optimize", "compact a Delta sink's files per batch (exactly-once kept)")
-    op.add_argument("--sink", required=True, help="the DeltaSink's name")
+    op = add("optimize", "compact a Delta or Iceberg sink's files per batch (exactly-once kept)")
+    op.add_argument("--sink", required=True, help="the DeltaSink's or IcebergSink's name")
     op.add_argument("--vacuum", action="store_true", help="then delete unreferenced files")
     op.add_argument("--retention-hours", type=float, default=168.0, help="vacuum: min age")
     op.add_argument("--dry-run", action="store_true", help="only say what would change")
