@@ -191,3 +191,24 @@ def test_a_single_keyed_step_with_event_time_builds_like_a_pipeline() -> None:
         warnings.simplefilter("error")
         pipe = f.build()
     assert pipe.process is agg and pipe.steps == () and pipe.taps == (Tap("o"),)
+
+
+def test_a_join_given_one_input_or_no_event_time_is_refused_when_built() -> None:
+    from microbatch.joins import IntervalJoin
+
+    join = IntervalJoin("ts", "ts", between=("-1m", "1m"))
+    f = flow(event_time=EventTime(field="ts"))
+    bids = f.source(KafkaSource(topics=("bids",))).key_by("auction")
+    with pytest.raises(ConfigError, match=r"IntervalJoin takes 2 input\(s\), but process"):
+        bids.process(join, uid="j")
+    with pytest.raises(ConfigError, match=r"Echo takes 1 input"):
+        Echo.inputs = 1  # type: ignore[attr-defined]
+        try:
+            bids.join(f.source(KafkaSource(topics=("a",))).key_by("id"), Echo(), uid="e")
+        finally:
+            del Echo.inputs  # type: ignore[attr-defined]
+    g = flow()
+    left = g.source(KafkaSource(topics=("bids",))).key_by("auction")
+    right = g.source(KafkaSource(topics=("auctions",))).key_by("id")
+    with pytest.raises(ConfigError, match="IntervalJoin needs event time"):
+        left.join(right, join, uid="j")

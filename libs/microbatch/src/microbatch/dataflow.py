@@ -411,6 +411,19 @@ class KeyedStream:
                 f"dataflow {flow.name!r}: {what}() takes a KeyedProcessFunction instance, "
                 f"got {fn!r}"
             )
+        sides = len({side for _, _, side in inputs})
+        wants = getattr(fn, "inputs", None)
+        if wants is not None and wants != sides:
+            how = "a.key_by(...).join(b.key_by(...), fn)" if wants == 2 else "process(fn)"
+            raise ConfigError(
+                f"dataflow {flow.name!r}: {type(fn).__name__} takes {wants} input(s), but "
+                f"{what}() gives it {sides}; use {how}"
+            )
+        if getattr(fn, "needs_event_time", False) and flow._settings["event_time"] is None:
+            raise ConfigError(
+                f"dataflow {flow.name!r}: {type(fn).__name__} needs event time (its state is "
+                "dropped as the watermark passes): set Dataflow(..., event_time=EventTime(...))"
+            )
         if uid is None:
             uid = flow._default_uid(fn)
         check_name("step uid", uid)

@@ -34,9 +34,13 @@ class ProcessContext:
         watermark: int | None,
         processing_time_ms: int,
         time_domain: str = "event_time",
+        watermark_before: int | None = None,
     ) -> None:
         self._key_ctx = key_ctx
         self.watermark = watermark
+        #: The watermark the batch started with: records behind it may be late (a function
+        #: with ``late_records`` judges them itself, as the joins do).
+        self.watermark_before = watermark_before
         self.processing_time_ms = processing_time_ms
         #: In ``on_timer``: ``"event_time"`` or ``"processing_time"``, the timer's kind.
         self.time_domain = time_domain

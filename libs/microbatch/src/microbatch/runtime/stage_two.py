@@ -305,6 +305,7 @@ class StageTwo:
         pipeline = self.pipeline
         totals, event_time = self.stage_one(table)
         watermark = event_time.watermark
+        watermark_before = WatermarkState.from_json(self.event_time).watermark
         store = open_store(pipeline.checkpoints, self.settings)
         state = self.open_state(store, instance)
         backend = state.backend
@@ -425,7 +426,7 @@ class StageTwo:
                     recs.column("partition"),
                     recs.column("offset"),
                     recs.column("event_ts"),
-                    WatermarkState.from_json(self.event_time).watermark,
+                    watermark_before,
                     watermark,
                     emitted.append,
                     lambda reason, error, i: dead_letter(
@@ -447,7 +448,10 @@ class StageTwo:
             backup = (
                 _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None
             )
-            ctx = ProcessContext(backend.for_key(key), watermark, self.processing_time_ms)
+            ctx = ProcessContext(
+                backend.for_key(key), watermark, self.processing_time_ms,
+                watermark_before=watermark_before,
+            )  # fmt: skip
             try:
                 process_fn.process(key, records, ctx)
             except Exception as e:
@@ -475,7 +479,9 @@ class StageTwo:
 
         def on_timer(key_ctx: Any, ts: int) -> None:
             stats["timers_fired" if domain == "event_time" else "processing_timers_fired"] += 1
-            ctx = ProcessContext(key_ctx, watermark, self.processing_time_ms, domain)
+            ctx = ProcessContext(
+                key_ctx, watermark, self.processing_time_ms, domain, watermark_before
+            )
             backup = None
             if pipeline.on_process_error != "fail":
                 backup = _KeyBackup(backend, key_ctx.key_group, key_ctx.key_bytes)

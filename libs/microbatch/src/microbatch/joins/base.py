@@ -1,0 +1,99 @@
+"""What every join shares: two inputs, a ``how``, dead letters, and the batch's watermark.
+
+A join is a keyed step with two inputs: the runtime calls ``process(key, records, ctx)``
+with each record wrapped as :class:`~microbatch.runtime.process.Sided` — side 0 the
+stream ``join`` was called on (*left*), side 1 the other (*right*).
+
+Joins decide lateness themselves (``late_records = True``: stage 1 hands them records
+behind the watermark rather than dead-lettering them as ``late``). They judge it against
+the watermark the batch *started* with, ``ctx.watermark_before``: a record is late when it
+is behind that watermark for every pair it could still form, and goes to the dead letters
+with reason ``late_join``. ``ctx.watermark`` (the batch's new watermark) is what the
+batch's timers fire at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from microbatch.errors import ConfigError, ProcessError
+from microbatch.joins.times import EventTimeOf, RecordTimeError
+from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
+
+LEFT, RIGHT = 0, 1
+SIDES = ("left", "right")
+LATE = "late_join"
+
+
+def check_how(op: str, how: str, allowed: tuple[str, ...]) -> str:
+    if how not in allowed:
+        choices = " | ".join(repr(h) for h in allowed)
+        raise ConfigError(f"{op} how must be {choices}: {how!r}")
+    return how
+
+
+def watermark_before(op: str, ctx: ProcessContext) -> int | None:
+    """The watermark the batch started with (None before any event time): records behind
+    it may be late. The runtime sets ``ctx.watermark_before`` for functions that take late
+    records (``late_records``); without it a join cannot tell late from on time."""
+    try:
+        return ctx.watermark_before  # type: ignore[attr-defined,no-any-return]
+    except AttributeError:
+        raise ProcessError(
+            f"{op} needs ctx.watermark_before, the watermark the batch started with, to "
+            "judge late records; this runtime's ProcessContext has none"
+        ) from None
+
+
+class JoinFunction(KeyedProcessFunction):
+    """Base of the join operators: splits a call's records by side, reads event times."""
+
+    #: Stage 1 hands records behind the watermark to the join, which dead-letters only
+    #: those that can join nothing more (``late_join``).
+    late_records = True
+    #: The inputs the step takes: side 0 (left) and side 1 (right).
+    inputs = 2
+    #: Needs the pipeline's event time (its timers fire by the watermark): a pipeline
+    #: without one would hold records forever.
+    needs_event_time = True
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def split(self, records: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+        """The call's left and right records, each in the order given."""
+        sides: tuple[list[Any], list[Any]] = ([], [])
+        for item in records:
+            if not isinstance(item, Sided):
+                raise ConfigError(
+                    f"{self.name} is a join: its step needs two inputs (a.key_by(...).join("
+                    f"b.key_by(...), ...)); got a record without a side: {item!r:.100}"
+                )
+            if item.side not in (LEFT, RIGHT):
+                raise ConfigError(
+                    f"{self.name} joins two inputs (sides 0 and 1); got a record of input "
+                    f"{item.side}"
+                )
+            sides[item.side].append(item.record)
+        return sides
+
+    def timed(
+        self,
+        ctx: ProcessContext,
+        side: int,
+        records: Iterable[Any],
+        time_of: EventTimeOf,
+    ) -> list[tuple[int, int, Any]]:
+        """``(event time, position, record)`` of each record with a readable time, sorted
+        by time then position; the others are dead letters (``missing_event_time``,
+        ``bad_event_time``) naming the side."""
+        out = []
+        for position, record in enumerate(records):
+            try:
+                out.append((time_of(record), position, record))
+            except RecordTimeError as e:
+                ctx.dead_letter(e.reason, f"{self.name} {SIDES[side]} record: {e.error}", record)
+        out.sort(key=lambda x: x[:2])
+        return out

@@ -1,0 +1,83 @@
+"""Table join: a stream joined with a changelog topic's latest value per key (Kafka
+Streams' KStream-KTable join, Quix's ``join_lookup`` on a topic).
+
+The right side (side 1) is the table: a compacted or changelog topic keyed like the
+stream. Each right record replaces the key's value; a tombstone — a ``None`` record (a
+Kafka delete), or a record for which ``tombstone(record)`` is true — deletes it. The value
+lives in the step's keyed state (value state ``table``), so it survives batches, crashes
+and rescaling like any state. Left records (the stream) are not kept.
+
+**Which value a stream record sees.** Two topics have no common order, so within a batch
+the rule is fixed: **the batch's table records first** — in source order, the last one
+wins — **then the stream records**, in source order. A stream record thus joins the
+table's value as of the end of its batch's changelog records: a row created in the same
+batch as the first order for it is found, a row deleted in the same batch is not. Across
+batches it is the KTable rule: the value left by every earlier batch. Table records are
+never late (a changelog's latest value is the latest whatever its timestamp), and no
+event time is read.
+
+``how="inner"``: a stream record with no value for its key emits nothing. ``"left"``: it
+is emitted with the right side ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from microbatch.errors import ConfigError
+from microbatch.joins.base import JoinFunction, check_how
+from microbatch.joins.select import Select, check_select
+from microbatch.runtime.process import ProcessContext
+
+HOWS = ("inner", "left")
+STATE = "table"
+
+
+class TableJoin(JoinFunction):
+    """Left (stream) records joined with the right (changelog) side's latest value.
+
+    ``how``: ``"inner"`` or ``"left"``. ``select(left, right)`` makes the output record
+    (default :func:`~microbatch.joins.select.merge`). ``tombstone(record) -> bool``: which
+    right records delete the key's value besides ``None``.
+    """
+
+    #: No timers: a table join runs with or without the pipeline's event time.
+    needs_event_time = False
+
+    def __init__(
+        self,
+        how: str = "inner",
+        select: Select | None = None,
+        tombstone: Callable[[Any], bool] | None = None,
+    ) -> None:
+        op = self.name
+        self.how = check_how(op, how, HOWS)
+        self.select = check_select(op, select)
+        if tombstone is not None and not callable(tombstone):
+            raise ConfigError(f"{op} tombstone must be a function record -> bool: {tombstone!r}")
+        self.tombstone = tombstone
+
+    def __repr__(self) -> str:
+        return f"TableJoin(how={self.how!r})"
+
+    def is_tombstone(self, record: Any) -> bool:
+        return record is None or (self.tombstone is not None and bool(self.tombstone(record)))
+
+    def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
+        stream, table = self.split(records)
+        state = ctx.value(STATE)
+        if table:
+            last = table[-1]  # the batch's last change decides; earlier ones are overwritten
+            value = None if self.is_tombstone(last) else last
+            if value is None:
+                state.clear()
+            else:
+                state.set(value)
+        else:
+            value = state.get()
+        for record in stream:
+            if value is not None:
+                ctx.emit(self.select(record, value))
+            elif self.how == "left":
+                ctx.emit(self.select(record, None))

@@ -1,0 +1,110 @@
+"""Event times and interval bounds of joins, as epoch milliseconds.
+
+A join reads each side's event time with an :class:`EventTimeOf`: a field name or a
+function of the record, whose value may be epoch milliseconds (int or float), an ISO-8601
+string (naive means UTC; ``Z`` allowed, as stage 1 reads event times) or a ``datetime``
+(naive means UTC). A record without the field is refused with reason
+``missing_event_time``, a value that is no time with ``bad_event_time``.
+
+Interval bounds are durations that may be negative: :func:`signed_duration_ms` accepts
+what :func:`~microbatch.windows.spec.duration_ms` does, plus a sign (``"-10m"``,
+``timedelta(minutes=-10)``, ``-600_000``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from microbatch.errors import ConfigError
+from microbatch.windows.spec import Duration, duration_ms
+
+TimeSpec = str | Callable[[Any], Any]
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MS = dt.timedelta(milliseconds=1)
+
+
+class RecordTimeError(Exception):
+    """A record's event time cannot be read: ``reason`` is the dead-letter reason."""
+
+    def __init__(self, reason: str, error: str) -> None:
+        super().__init__(error)
+        self.reason = reason
+        self.error = error
+
+
+def to_epoch_ms(value: Any) -> int:
+    """``value`` as epoch ms: int/float ms, an ISO-8601 string or a datetime (naive: UTC);
+    anything else raises ValueError naming it."""
+    if isinstance(value, bool):
+        raise ValueError(f"event time must be epoch ms, ISO-8601 or a datetime: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"event time must be a finite number of ms: {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return (value - _EPOCH) // _MS
+    raise ValueError(
+        f"event time must be epoch ms, ISO-8601 or a datetime, not {type(value).__name__}"
+    )
+
+
+class EventTimeOf:
+    """Reads one side's event time: ``spec`` is a field name or a function of the record.
+    ``op`` and ``arg`` (``"IntervalJoin"``, ``"left_time"``) name it in errors."""
+
+    def __init__(self, op: str, arg: str, spec: TimeSpec | None) -> None:
+        if not (isinstance(spec, str) and spec) and not callable(spec):
+            raise ConfigError(
+                f"{op} needs {arg}: the name of the event-time field or a function "
+                f"record -> time; got {spec!r}"
+            )
+        self.spec = spec
+        self._label = f"field {spec!r}" if isinstance(spec, str) else f"{arg} function"
+
+    def __call__(self, record: Any) -> int:
+        spec = self.spec
+        if isinstance(spec, str):
+            raw = record.get(spec) if isinstance(record, dict) else None
+        else:
+            try:
+                raw = spec(record)
+            except Exception as e:  # user code: the record's problem, not the batch's
+                raise RecordTimeError(
+                    "bad_event_time", f"{self._label} raised {type(e).__name__}: {e}"
+                ) from e
+        if raw is None:
+            raise RecordTimeError("missing_event_time", f"record has no event time ({self._label})")
+        try:
+            return to_epoch_ms(raw)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise RecordTimeError("bad_event_time", f"{self._label}: {e}") from e
+
+
+def signed_duration_ms(what: str, value: Duration) -> int:
+    """A duration that may be negative, in ms: ``"-10m"``, ``"+1h"``, ``"0s"``, a
+    ``timedelta`` (any sign) or whole ms (any sign)."""
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            sign = -1 if text.startswith("-") else 1
+            body = text[1:] if text[:1] in ("-", "+") else text
+            return sign * duration_ms(what, body, allow_zero=True)
+        if isinstance(value, dt.timedelta):
+            sign = -1 if value < dt.timedelta(0) else 1
+            return sign * duration_ms(what, abs(value), allow_zero=True)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    except ConfigError:
+        pass
+    raise ConfigError(
+        f"{what} must be a duration like '-10m', '1h', '250ms', a timedelta or milliseconds, "
+        f"in whole milliseconds (negative allowed): {value!r}"
+    )

@@ -1,0 +1,108 @@
+"""The default select (merge), event times of join records and signed durations."""
+
+from __future__ import annotations
+
+import datetime as dt
+import doctest
+
+import pytest
+
+from microbatch.errors import ConfigError
+from microbatch.joins import select as select_module
+from microbatch.joins.select import merge
+from microbatch.joins.times import (
+    EventTimeOf,
+    RecordTimeError,
+    signed_duration_ms,
+    to_epoch_ms,
+)
+from microbatch.runtime.stage_one import event_time_ms
+
+
+def test_the_module_examples_hold():
+    assert doctest.testmod(select_module).failed == 0
+
+
+def test_merge_keeps_left_fields_and_renames_a_differing_right_field():
+    left = {"id": 1, "price": 5, "price_right": 0}
+    right = {"id": 1, "price": 7, "seller": "s"}
+    assert merge(left, right) == {
+        "id": 1,
+        "price": 5,
+        "price_right": 0,
+        "price_right_right": 7,
+        "seller": "s",
+    }
+    assert left == {"id": 1, "price": 5, "price_right": 0}  # inputs untouched
+
+
+def test_merge_of_an_outer_row_has_the_present_side_only():
+    assert merge({"a": 1}, None) == {"a": 1}
+    assert merge(None, {"b": 2}) == {"b": 2}
+
+
+def test_merge_refuses_records_that_are_not_dicts():
+    with pytest.raises(TypeError, match="the right record is a list"):
+        merge({"a": 1}, [1])
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [
+        (1_700_000_000_123, 1_700_000_000_123),
+        (1.9, 1),
+        ("2024-01-01T00:00:00.250Z", 1_704_067_200_250),
+        ("2024-01-01T01:00:00+01:00", 1_704_067_200_000),
+        ("2024-01-01T00:00:00", 1_704_067_200_000),
+        (dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 1_704_067_200_000),
+        (dt.datetime(2024, 1, 1), 1_704_067_200_000),
+        (dt.datetime(1969, 12, 31, 23, 59, 59, 999_500, tzinfo=dt.UTC), -1),
+    ],
+)
+def test_event_times_are_epoch_ms(value, ms):
+    assert to_epoch_ms(value) == ms
+    if not isinstance(value, dt.datetime):
+        assert event_time_ms(value) == ms  # as stage 1 reads the pipeline's event time
+
+
+@pytest.mark.parametrize("value", [True, "soon", float("nan"), [1], b"1"])
+def test_values_that_are_no_time_are_refused(value):
+    with pytest.raises(ValueError):
+        to_epoch_ms(value)
+
+
+def test_event_time_of_a_record_names_what_is_wrong():
+    of = EventTimeOf("IntervalJoin", "left_time", "ts")
+    assert of({"ts": 5}) == 5
+    with pytest.raises(RecordTimeError) as e:
+        of({"x": 1})
+    assert (e.value.reason, e.value.error) == (
+        "missing_event_time",
+        "record has no event time (field 'ts')",
+    )
+    with pytest.raises(RecordTimeError) as e:
+        EventTimeOf("J", "right_time", lambda r: r["t"])({})
+    assert e.value.reason == "bad_event_time"
+    assert "right_time function raised KeyError" in e.value.error
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [
+        ("-10m", -600_000),
+        ("+1h", 3_600_000),
+        (" 250ms ", 250),
+        ("0s", 0),
+        (-5, -5),
+        (dt.timedelta(minutes=-1), -60_000),
+        (dt.timedelta(0), 0),
+    ],
+)
+def test_signed_durations(value, ms):
+    assert signed_duration_ms("bound", value) == ms
+
+
+@pytest.mark.parametrize("value", ["-", "--1m", "1 hour", 1.5, True, None, dt.timedelta(0, 0, 1)])
+def test_bad_signed_durations_are_refused_with_the_value(value):
+    with pytest.raises(ConfigError, match=r"bound must be a duration like '-10m'"):
+        signed_duration_ms("bound", value)

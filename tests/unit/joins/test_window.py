@@ -1,0 +1,166 @@
+"""WindowJoin equals a plain-Python reference batch by batch on out-of-order data with
+late records, for tumbling and hopping windows; pairs come when the window closes."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from microbatch import windows
+from microbatch.errors import ConfigError
+from microbatch.joins import WindowJoin
+from microbatch.testing import ProcessHarness, sided
+from microbatch.windows import Hopping, Session, Tumbling
+from tests.unit.joins.streams import (
+    FLUSH,
+    arrival_order,
+    dead,
+    events,
+    lagging_watermarks,
+    run,
+    safe_watermarks,
+    split,
+    starts,
+)
+
+SPECS = [Tumbling(200), Hopping(300, 100), Hopping(250, 100), Tumbling(1)]
+
+
+def starts_of(t, spec):
+    """Every ``s`` with ``s <= t < s + size``, ``s`` a multiple of the hop (or size)."""
+    every = spec.every_ms if isinstance(spec, Hopping) else spec.size_ms
+    first = (t - spec.size_ms) // every + 1
+    return [k * every for k in range(first, t // every + 1)]
+
+
+def reference(batches, watermarks, spec):
+    begin = starts(watermarks)
+    size = spec.size_ms
+    held = collections.defaultdict(lambda: ([], []))
+    late = [collections.Counter() for _ in batches]
+    for j, batch in enumerate(batches):
+        for e in batch:
+            open_ = [s for s in starts_of(e.t, spec) if begin[j] is None or s + size > begin[j]]
+            if not open_:
+                late[j]["late_join", e.id] += 1
+            for s in open_:
+                held[e.key, s][e.side].append(e.id)
+    out = [collections.Counter() for _ in batches]
+    for (_, s), (lefts, rights) in held.items():
+        due = [j for j, w in enumerate(watermarks) if w is not None and w >= s + size]
+        for lid in lefts:
+            for rid in rights:
+                out[due[0]][lid, rid, s, s + size] += 1
+    return out, late
+
+
+def windowed(results):
+    return [
+        collections.Counter(
+            (o["id"], o["id_right"], o["window_start"], o["window_end"]) for o in r.emitted
+        )
+        for r in results
+    ]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_join_on_late_out_of_order_data_equals_the_reference_batch_by_batch(spec, seed):
+    arrived = arrival_order(events(seed, 60), seed, disorder=100, late_share=0.2)
+    batches = [*split(arrived, seed, 8), []]
+    watermarks = [*lagging_watermarks(batches[:-1], lateness=50), FLUSH]
+    results, harness = run(WindowJoin("ts", "ts", spec), batches, watermarks)
+    want, want_late = reference(batches, watermarks, spec)
+    assert sum(want_late, collections.Counter()), "the data should have late records"
+    assert windowed(results) == want
+    assert dead(results) == want_late
+    assert harness.keys_with_state() == []
+
+
+@pytest.mark.parametrize("n_batches", [1, 4, 30])
+def test_output_without_late_records_does_not_depend_on_batching(n_batches):
+    spec = Hopping(300, 100)
+    evs = events(21, 50)
+    arrived = arrival_order(evs, 21, disorder=300, late_share=0.0)
+    batches = split(arrived, n_batches, n_batches)
+    results, _ = run(WindowJoin("ts", "ts", spec), batches, safe_watermarks(batches))
+    want = collections.Counter()
+    for le in (e for e in evs if e.side == 0):
+        for re_ in (e for e in evs if e.side == 1 and e.key == le.key):
+            for s in set(starts_of(le.t, spec)) & set(starts_of(re_.t, spec)):
+                want[le.id, re_.id, s, s + 300] += 1
+    assert sum(windowed(results), collections.Counter()) == want
+
+
+def test_rescaling_between_batches_changes_no_output():
+    arrived = arrival_order(events(4, 60), 4, disorder=100, late_share=0.2)
+    batches = split(arrived, 4, 9)
+    watermarks = lagging_watermarks(batches, lateness=50)
+    join = WindowJoin("ts", "ts", Hopping(300, 100))
+    one, _ = run(join, batches, watermarks)
+    rescaled, _ = run(join, batches, watermarks, parallelism=lambda j: (2, 3, 1)[j % 3])
+    assert windowed(rescaled) == windowed(one)
+    assert dead(rescaled) == dead(one)
+
+
+def rec(key, t, i):
+    return (key, {"id": i, "ts": t})
+
+
+def test_a_window_is_emitted_when_the_watermark_reaches_its_end_then_forgotten():
+    harness = ProcessHarness(WindowJoin("ts", "ts", "100ms"))
+    harness.batch(sided([rec("k", 10, "L1"), rec("k", 20, "L2")], [rec("k", 99, "R1")]))
+    assert harness.batch([], watermark=99).emitted == ()
+    out = harness.batch(sided([], [rec("k", 150, "R2")]), watermark=100)
+    assert out.emitted == (
+        {"id": "L1", "ts": 10, "id_right": "R1", "ts_right": 99, "window_start": 0,
+         "window_end": 100},
+        {"id": "L2", "ts": 20, "id_right": "R1", "ts_right": 99, "window_start": 0,
+         "window_end": 100},
+    )  # fmt: skip
+    assert harness.state("k") == {"right": {100: [{"id": "R2", "ts": 150}]}, "timers": [200]}
+    assert harness.batch([], watermark=200).emitted == ()  # no left record there
+    assert harness.state("k") == {}
+
+
+def test_a_hopping_record_joins_its_open_windows_and_is_late_only_when_all_closed():
+    harness = ProcessHarness(WindowJoin("ts", "ts", windows.hopping("300ms", "100ms")))
+    harness.batch(sided([], [rec("k", 450, "R")]), watermark=400)
+    out = harness.batch(sided([rec("k", 350, "L1"), rec("k", 150, "L2")], []), watermark=400)
+    assert [(d.reason, d.record["id"]) for d in out.dead_letters] == [("late_join", "L2")]
+    assert "left record at 150" in out.dead_letters[0].error
+    assert "[-100, 200), [0, 300), [100, 400)" in out.dead_letters[0].error
+    out = harness.batch([], watermark=FLUSH)
+    assert sorted((o["id"], o["window_start"]) for o in out.emitted) == [
+        ("L1", 200),
+        ("L1", 300),
+    ]
+
+
+def test_a_custom_select_gets_the_window_fields_only_on_dicts():
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=lambda a, b: (a["id"], b["id"])))
+    harness.batch(sided([rec("k", 1, "L")], [rec("k", 2, "R")]))
+    assert harness.batch([], watermark=100).emitted == (("L", "R"),)
+
+
+@pytest.mark.parametrize("window", ["5m", 300_000, Tumbling("5m"), windows.tumbling("5m")])
+def test_a_window_is_a_size_a_spec_or_a_builder(window):
+    assert WindowJoin("ts", "ts", window).window == Tumbling(300_000)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window": Session("5m")}, "WindowJoin window must be a tumbling size"),
+        ({"window": None}, "WindowJoin window must be a tumbling size"),
+        ({"window": "-5m"}, "tumbling window size must be a duration"),
+        ({"left_time": None}, "WindowJoin needs left_time"),
+        ({"select": 1}, "WindowJoin select must be a function"),
+    ],
+)
+def test_bad_definitions_are_refused_when_built(kwargs, message):
+    args = {"left_time": "ts", "right_time": "ts", "window": "5m"} | kwargs
+    with pytest.raises(ConfigError) as e:
+        WindowJoin(**args)
+    assert message in str(e.value)
