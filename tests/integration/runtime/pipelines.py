@@ -18,7 +18,7 @@ from microbatch.runtime import (
     Pipeline,
     ProcessContext,
 )
-from microbatch.sinks import PostgresSink
+from microbatch.sinks import DeltaSink, PostgresSink
 
 COUNT_SCHEMA = pa.schema([("user", pa.string()), ("clicks", pa.int64()), ("total", pa.int64())])
 PG_SCHEMA = pa.schema(
@@ -60,11 +60,13 @@ def count_pipeline(
     parallelism: int = 2,
     kafka_first: bool = False,
     postgres: tuple[str, str] | None = None,
+    delta: str | None = None,
 ) -> Pipeline:
     """Click counts per user to Parquet (and to ``out_topic``; published first if
     ``kafka_first``, so a crash while publishing can leave its transaction open).
     ``postgres`` = (dsn, table prefix): also to PostgreSQL, published first — the users'
-    totals upserted into ``<prefix>_totals`` and every row appended to ``<prefix>_log``."""
+    totals upserted into ``<prefix>_totals`` and every row appended to ``<prefix>_log``.
+    ``delta``: also to a Delta table at that URI."""
     sinks: list[Any] = [ParquetSink("counts", f"{root}/counts", COUNT_SCHEMA)]
     if out_topic is not None:
         kafka = KafkaSink("counts_topic", out_topic, key_field="user")
@@ -75,6 +77,8 @@ def count_pipeline(
             PostgresSink("totals_pg", f"{prefix}_totals", PG_SCHEMA, key="user", dsn=dsn),
             PostgresSink("log_pg", f"{prefix}_log", PG_SCHEMA, mode="append", dsn=dsn),
         ]
+    if delta is not None:
+        sinks.append(DeltaSink("counts_delta", delta, COUNT_SCHEMA))
     return Pipeline(
         name="counts",
         source=KafkaSource(topics=(topic,), max_records_per_batch=max_records_per_batch),

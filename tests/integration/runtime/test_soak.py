@@ -1,8 +1,9 @@
 """A kill soak (opt-in: ``MICROBATCH_SOAK_ROUNDS=N``, N rounds): ``microbatch run``
 processes at random parallelism, SIGKILLed at random moments, while clicks keep arriving;
 each next run just starts (the killed run's lease expires on its own). At the end the
-Parquet output followed through its commits and the Kafka output read ``read_committed``
-both equal a plain-Python count of every click: nothing lost, nothing doubled.
+Parquet output followed through its commits, the Delta table, the PostgreSQL upserts and
+appends, and the Kafka output read ``read_committed`` all equal a plain-Python count of
+every click: nothing lost, nothing doubled.
 
 Not part of ``make test`` (minutes per run); the closing notes quote its result.
 """
@@ -17,11 +18,13 @@ import signal
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from microbatch.localstack.topics import read_topic
 from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
+from microbatch.sinks.delta import read_delta_sink
 from tests.integration.runtime.test_batches import clicks, new_topic, produce, totals
 from tests.integration.runtime.test_zombies import REPO, start_batch
 
@@ -34,16 +37,19 @@ from tests.integration.runtime.pipelines import count_pipeline
 
 pipeline = dataclasses.replace(
     count_pipeline({topic!r}, {root!r}, out_topic={out!r}, max_records_per_batch=60,
-                   parallelism={parallelism}),
+                   parallelism={parallelism}, delta={delta!r}, postgres=({dsn!r}, {prefix!r})),
     lease_timeout_s=2.0,
 )
 """
 
 
 @pytest.mark.skipif(ROUNDS == 0, reason="the kill soak runs with MICROBATCH_SOAK_ROUNDS=N")
-def test_random_kills_lose_and_double_nothing(spark, kafka_settings, bootstrap, admin, tmp_path):
+def test_random_kills_lose_and_double_nothing(
+    spark, kafka_settings, bootstrap, admin, postgres_dsn, tmp_path
+):
     rng = random.Random(int(os.environ.get("MICROBATCH_SOAK_SEED", "7")))
     topic, out = new_topic(admin, 3), new_topic(admin, 2)
+    prefix = f"soak_{topic.replace('-', '_')}"
     values: list[bytes] = []
     kills = finished = 0
     for round_ in range(ROUNDS):
@@ -52,7 +58,15 @@ def test_random_kills_lose_and_double_nothing(spark, kafka_settings, bootstrap, 
         values += batch
         job = tmp_path / f"job{round_}.py"
         job.write_text(
-            JOB.format(topic=topic, root=str(tmp_path), out=out, parallelism=rng.randint(1, 4))
+            JOB.format(
+                topic=topic,
+                root=str(tmp_path),
+                out=out,
+                parallelism=rng.randint(1, 4),
+                delta=str(tmp_path / "delta"),
+                dsn=postgres_dsn,
+                prefix=prefix,
+            )
         )
         proc = start_batch(kafka_settings, job, f"soak-{round_}", pause_at="")
         deadline = time.monotonic() + rng.uniform(1.0, 25.0)
@@ -80,9 +94,16 @@ def test_random_kills_lose_and_double_nothing(spark, kafka_settings, bootstrap, 
     for row in rows:
         parquet[row["user"]] += row["clicks"]
     kafka = [json.loads(m.value) for m in read_topic(bootstrap, out)]
+    delta = read_delta_sink(str(tmp_path / "delta")).to_pylist()
+    with psycopg.connect(postgres_dsn) as conn:
+        upserted = dict(conn.execute(f'SELECT "user", total FROM {prefix}_totals').fetchall())
+        log = conn.execute(f'SELECT "user", clicks, total FROM {prefix}_log').fetchall()
     print(f"soak: {ROUNDS} rounds, {kills} SIGKILLs, {finished} finished, {len(values)} clicks")
     assert dict(parquet) == want
     assert sorted(kafka, key=_row_key) == sorted(rows, key=_row_key)
+    assert sorted(delta, key=_row_key) == sorted(rows, key=_row_key)
+    assert upserted == want
+    assert sorted(log) == sorted((r["user"], r["clicks"], r["total"]) for r in rows)
 
 
 def _row_key(row: dict) -> tuple:
