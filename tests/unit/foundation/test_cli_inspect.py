@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import microbatch.cli_inspect
 import microbatch.runtime
 from microbatch.cli import main
 from microbatch.cli_inspect import iso, iso_to_ms, pipeline_status, print_status, with_iso
@@ -174,6 +175,33 @@ def test_state_of_a_key_without_state_names_where_it_looked_and_exits_not_found(
     )
 
 
+def test_state_of_a_key_without_state_in_a_dataflow_names_the_step_by_its_uid(
+    stack, capsys, monkeypatch
+):
+    assert cli(capsys, "run", stack.job)[0] == 0
+    pipeline = load_pipeline(stack.job)
+    dataflow = SimpleNamespace(  # the run's pipeline, seen as a dataflow's first keyed step
+        name=pipeline.name,
+        checkpoints=pipeline.checkpoints,
+        uid="count",
+        steps=(object(),),
+        keyed_uids=("count", "remind"),
+    )
+    monkeypatch.setattr(microbatch.cli_inspect, "_load_pipeline", lambda ref: dataflow)
+
+    code, _, err = cli(capsys, "state", stack.job, "nobody")
+    assert code == 6
+    assert "key 'nobody' has no state and no timers in the first keyed step 'count' at " in err
+    assert f"in key-group {key_group('nobody', 8)} of 8" in err
+
+    code, _, err = cli(capsys, "state", stack.job, "nobody", "--step", "count")
+    assert code == 6 and "in the first keyed step 'count' at " in err
+
+    code, _, err = cli(capsys, "state", stack.job, "nobody", "--step", "nope")
+    assert code == 6
+    assert "has no keyed step 'nope' (its steps: 'count', 'remind')" in err
+
+
 def test_state_not_found_is_a_json_error_with_its_reason(stack, capsys):
     assert cli(capsys, "run", stack.job)[0] == 0
 
@@ -212,10 +240,12 @@ def test_status_after_a_killed_run_shows_its_lease_and_the_plan_to_replay(stack,
     lease = status["lease"]
     assert (lease["run_id"], lease["epoch"], lease["released"]) == ("killed", 2, False)
     assert lease["held"] is True and lease["expired"] is False
+    assert lease["timeout_s"] == 60  # the pipeline's lease_timeout_s
     plan = status["stored_plan"]
     assert {k: plan[k] for k in ("batch_id", "phase", "ranges", "records", "parallelism")} == {
         "batch_id": 1, "phase": "planned", "ranges": 1, "records": 2, "parallelism": 2,
     }  # fmt: skip
+    assert plan["offsets"] == [{"partition": "clicks[0]", "from": 3, "until": 5}]
     assert plan["replayed_by_next_run"] is True
     assert plan["planned_at_iso"] == iso(plan["planned_at"])
 
@@ -231,6 +261,7 @@ def test_status_after_a_killed_run_shows_its_lease_and_the_plan_to_replay(stack,
         "  stored plan: batch 1 (1 range, up to 2 records, parallelism 2, planned "
     )
     assert lines[4].endswith("has no checkpoint yet: the next run replays this plan")
+    assert lines[5] == "    offsets: clicks[0] [3, 5)"
 
 
 def test_status_says_when_the_killed_runs_lease_has_expired(stack, capsys):
@@ -247,11 +278,35 @@ def test_status_says_when_the_killed_runs_lease_has_expired(stack, capsys):
         f"pipeline counts: no checkpoint yet in {stack.store.url}",
         f"  lease: held by run 'killed' (epoch 1) until {iso(held['expires_at'])[:19]}+00:00, "
         "expired 35 s ago: that run stopped renewing it (killed?); the next run takes it over "
-        "once it has watched it unchanged for the lease timeout",
+        "once it has watched it unchanged for the lease timeout (60 s)",
         f"  stored plan: batch 0 (2 ranges, up to 5 records, parallelism 2, planned "
         f"{iso(status['stored_plan']['planned_at'])[:19]}+00:00) has no checkpoint yet: the "
         "next run replays this plan",
+        "    offsets: clicks[0] [0, 3), clicks[1] [0, 2)",
     ]
+
+
+def test_status_lists_the_first_ranges_of_a_large_stored_plan_and_counts_the_rest(capsys):
+    offsets = [{"partition": f"clicks[{p}]", "from": p, "until": 10 + p} for p in range(6)]
+    plan = {"batch_id": 3, "phase": "executed", "ranges": 6, "records": 60, "offsets": offsets,
+            "parallelism": None, "planned_at": None, "until": None}  # fmt: skip
+    status = {"pipeline": "p", "checkpoint": None, "checkpoints_url": "/cp", "lease": None,
+              "stored_plan": plan}  # fmt: skip
+
+    print_status(status, 0)
+
+    assert capsys.readouterr().out.splitlines()[2:] == [
+        "  stored plan: batch 3 (6 ranges, up to 60 records) has no checkpoint yet (an attempt "
+        "executed it but did not commit): the next run replays this plan",
+        "    offsets: clicks[0] [0, 10), clicks[1] [1, 11), clicks[2] [2, 12), clicks[3] [3, 13) "
+        "and 2 more (--json lists them all)",
+    ]
+
+    print_status(status | {"stored_plan": plan | {"ranges": 0, "records": 0, "offsets": []}}, 0)
+
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "    offsets: none (no new records: the batch only fires timers and advances time)"
+    )
 
 
 def test_status_of_a_pipeline_at_rest_shows_a_free_lease_and_no_stored_plan(stack, capsys):

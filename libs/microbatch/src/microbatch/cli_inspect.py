@@ -152,7 +152,9 @@ def pipeline_status(
 
 def lease_view(store: Any, now_ms: int) -> dict[str, Any] | None:
     """The pipeline's lease (None if no run has taken it): its holder's run id and epoch,
-    when it expires, and whether it has expired or been released."""
+    when it expires, and whether it has expired or been released; ``timeout_s``, how long
+    the next run watches an unreleased lease unchanged before it takes it over (None for
+    a lease written by an earlier version)."""
     from microbatch.runtime.fence import read_lease
 
     lease = read_lease(store)
@@ -164,6 +166,7 @@ def lease_view(store: Any, now_ms: int) -> dict[str, Any] | None:
         "epoch": lease.epoch,
         "acquired_at": lease.acquired_ms,
         "expires_at": lease.expires_ms,
+        "timeout_s": lease.timeout_ms / 1000 if lease.timeout_ms else None,
         "released": lease.released,
         "expired": expired,
         "held": not (lease.released or expired),
@@ -194,6 +197,9 @@ def stored_plan_view(store: Any, batch_id: int) -> dict[str, Any] | None:
         "phase": phase.value,  # "planned", or "executed": an attempt wrote state, no commit
         "ranges": len(plan.ranges),
         "records": plan.records,
+        "offsets": [  # what the replay reads: [from, until) of each partition
+            {"partition": str(r.tp), "from": r.start, "until": r.end} for r in plan.ranges
+        ],
         "parallelism": None if spec is None else spec.parallelism,
         "planned_at": plan.created_at or None,
         "until": plan.until_timestamp_ms,
@@ -220,6 +226,7 @@ def print_status(s: dict[str, Any], now_ms: int | None = None) -> None:
     lines.append(f"  lease: {_lease_line(s['lease'], now_ms)}")
     if s["stored_plan"] is not None:
         lines.append(f"  stored plan: {_plan_line(s['stored_plan'])}")
+        lines.append(f"    offsets: {_offsets_line(s['stored_plan']['offsets'])}")
     print("\n".join(lines))
     if s["checkpoint"] is not None:
         print()
@@ -234,10 +241,11 @@ def _lease_line(lease: dict[str, Any] | None, now_ms: int) -> str:
     if lease["released"]:
         return f"free (released by {who} at {until})"
     if lease["expired"]:
+        timeout = f" ({lease['timeout_s']:g} s)" if lease.get("timeout_s") else ""
         return (
             f"held by {who} until {until}, expired {_ago(lease['expires_at'], now_ms)}: that "
             "run stopped renewing it (killed?); the next run takes it over once it has "
-            "watched it unchanged for the lease timeout"
+            f"watched it unchanged for the lease timeout{timeout}"
         )
     return (
         f"held by {who} until {until} ({_ago(lease['expires_at'], now_ms)}; renewed while "
@@ -262,6 +270,15 @@ def _plan_line(plan: dict[str, Any]) -> str:
         f"batch {plan['batch_id']} ({', '.join(what)}) has no checkpoint yet"
         f"{f' ({how})' if how else ''}: the next run replays this plan"
     )
+
+
+def _offsets_line(offsets: list[dict[str, Any]], shown: int = 4) -> str:
+    """``clicks[0] [3, 5), clicks[1] [2, 4)``: the first ``shown`` ranges of a plan."""
+    if not offsets:
+        return "none (no new records: the batch only fires timers and advances time)"
+    ranges = [f"{o['partition']} [{o['from']}, {o['until']})" for o in offsets[:shown]]
+    more = len(offsets) - shown
+    return ", ".join(ranges) + (f" and {more} more (--json lists them all)" if more > 0 else "")
 
 
 # checkpoints ---------------------------------------------------------------------------
@@ -330,13 +347,12 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     if step == pipeline.uid:
         step = None
     found = inspect_key(store, Layout(), key, checkpoint, step)
-    looked_in = (
-        "any operator"
-        if not pipeline.steps
-        else "the first keyed step"
-        if step is None
-        else f"step {step!r}"
-    )
+    if not pipeline.steps:
+        looked_in = "any operator"
+    elif step is not None:
+        looked_in = f"step {step!r}"
+    else:  # named by its uid when it has one
+        looked_in = "the first keyed step" + (f" {pipeline.uid!r}" if pipeline.uid else "")
     if found.empty:
         hint = (
             " (an int key? pass --int-key)"
