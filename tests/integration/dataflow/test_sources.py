@@ -57,6 +57,7 @@ def test_two_sources_meet_in_one_keyed_step(spark, kafka_settings, bootstrap, ad
     refund_stream = flow.source(KafkaSource(topics=(refunds_topic,), decoder=csv_refund)).map(
         lambda r: {**r, "kind": "refund"}
     )
+    refund_stream.to(ParquetSink("refunds", f"{tmp_path}/refunds"))  # before any keyed step
     order_stream.union(refund_stream).key_by("customer").process(NetSpend(), uid="net").to(
         ParquetSink("net", f"{tmp_path}/net")
     )
@@ -77,6 +78,9 @@ def test_two_sources_meet_in_one_keyed_step(spark, kafka_settings, bootstrap, ad
     assert got == want
     dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
     assert [(d["reason"], d["topic"]) for d in dead] == [("undecodable", refunds_topic)]
+    tapped = read_parquet_sink(str(tmp_path / "refunds")).to_pylist()
+    want_refunds = [{**csv_refund(v), "kind": "refund"} for v in refunds[:-1]]
+    assert sorted(tapped, key=str) == sorted(want_refunds, key=str)
 
 
 def test_a_source_that_feeds_no_keyed_step_is_refused(tmp_path) -> None:

@@ -150,12 +150,16 @@ def test_a_sink_before_the_first_keyed_step_is_a_source_tap() -> None:
     assert [(t.sink, [s.name for s in t.chain]) for t in pipe.source_taps] == [("raw", ["project"])]
 
 
-def test_a_sink_before_the_first_keyed_step_of_several_sources_is_refused_for_now() -> None:
+def test_a_sink_before_the_first_keyed_step_of_several_sources_takes_its_sources_records() -> None:
     f = flow()
     a = f.source(KafkaSource(topics=("a",)))
-    f.source(KafkaSource(topics=("b",)))
-    with pytest.raises(ConfigError, match="needs a dataflow of one source"):
-        a.to(sink("raw"))
+    b = f.source(KafkaSource(topics=("b",)))
+    b.map(dict, name="copy").to(sink("raw-b"))
+    a.union(b).key_by("k").process(Echo(), uid="n").to(sink("out"))
+    pipe = f.build()
+    assert [(t.sink, t.source, [s.name for s in t.chain]) for t in pipe.source_taps] == [
+        ("raw-b", 1, ["copy"])
+    ]
 
 
 def test_a_sink_no_step_feeds_and_a_dataflow_without_keyed_step_are_refused() -> None:

@@ -335,14 +335,8 @@ class Stream:
             )
         (strand,) = self._strands
         if isinstance(strand.origin, int):
-            if len(flow._sources) != 1:
-                raise ConfigError(
-                    f"dataflow {flow.name!r}: a sink before the first keyed step needs a "
-                    f"dataflow of one source (sink {sink.name!r}); not supported yet with "
-                    "several"
-                )
             flow._add_sink(sink)
-            flow._source_taps.append(Tap(sink.name, strand.chain))
+            flow._source_taps.append(Tap(sink.name, strand.chain, source=strand.origin))
         else:
             flow._add_sink(sink)
             strand.origin.taps.append(Tap(sink.name, strand.chain))

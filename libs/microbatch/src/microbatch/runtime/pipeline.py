@@ -381,8 +381,11 @@ def check_inputs(pipeline: Pipeline) -> None:
     where = f"pipeline {pipeline.name!r}"
     if pipeline.prefix:
         raise ConfigError(f"{where}: with several inputs, each input has its own prefix")
-    if pipeline.source_taps:
-        raise ConfigError(f"{where}: a sink before the first keyed step needs one source")
+    if any(t.source is None for t in pipeline.source_taps):
+        raise ConfigError(
+            f"{where}: with several inputs, a sink before the first keyed step takes the "
+            "records of one (Tap.source)"
+        )
     if pipeline.enrich is not None:
         raise ConfigError(f"{where}: enrichment of several sources is not supported yet")
     combined = combined_source([i.source for i in pipeline.inputs], where)

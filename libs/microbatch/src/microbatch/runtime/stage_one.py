@@ -51,7 +51,7 @@ from microbatch.runtime.pipeline import (
     json_decoder,
 )
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
-from microbatch.runtime.steps import StepFailed, filters_only, run_chain
+from microbatch.runtime.steps import StepFailed, Tap, filters_only, run_chain
 
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
@@ -176,6 +176,15 @@ class StageOne:
         window of the record had closed (``late_window``), as Flink's and Spark's windows
         do, so a record behind the watermark still counts in a window that is open."""
         return None if takes_late(self.pipeline.process) else self.watermark
+
+    @functools.cached_property
+    def _source_taps(self) -> dict[str, tuple[Tap, ...]]:
+        """Per topic: the sinks fed before the first keyed step that take its records."""
+        pipeline = self.pipeline
+        return {
+            topic: tuple(t for t in pipeline.source_taps if t.source in (None, i))
+            for topic, i in source_of_topic(pipeline).items()
+        }
 
     @functools.cached_property
     def _routes(self) -> dict[str, tuple[_Route, ...]]:
@@ -454,7 +463,7 @@ class StageOne:
         self, out: EnvelopeBuilder, topic: str, part: int, off: int, record: Any, seq: int
     ) -> None:
         """The record on its way to the sinks fed before the first keyed step."""
-        taps = self.pipeline.source_taps
+        taps = self._source_taps.get(topic, ())
         if not taps:
             return
         instance = unkeyed_instance(part, off, self.parallelism)

@@ -105,6 +105,9 @@ class Tap:
     sink: str
     chain: Chain = ()
     side: bool = False
+    #: A tap before the first keyed step in a pipeline of several sources: which one's
+    #: records it takes (its index among the pipeline's inputs; None: every record).
+    source: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
