@@ -31,7 +31,7 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
 .PHONY: all venv tools jars setup browser postgres test test-unit soak lint format demo airflow \
-        stack-up stack-down stack-status bench lock clean cluster connect
+        stack-up stack-down stack-status bench lock clean cluster connect docs
 
 all: venv
 
@@ -112,7 +112,7 @@ browser:
 
 test: setup browser postgres
 	@echo "==> ruff"
-	@$(BIN)/ruff check libs dags plugins jobs tests bench
+	@$(BIN)/ruff check libs dags plugins jobs tests bench docs/hooks.py
 	@echo "==> pytest (unit, then integration on real Kafka/SeaweedFS/Spark, then Airflow)"
 	@$(BIN)/pytest $(PYTEST_ARGS)
 
@@ -146,12 +146,19 @@ stack-status: venv
 ## ---- maintenance ---------------------------------------------------------------------
 
 lint: venv
-	@$(BIN)/ruff check libs dags plugins jobs tests bench
-	@$(BIN)/ruff format --check libs dags plugins jobs tests bench
+	@$(BIN)/ruff check libs dags plugins jobs tests bench docs/hooks.py
+	@$(BIN)/ruff format --check libs dags plugins jobs tests bench docs/hooks.py
 
 format: venv
-	@$(BIN)/ruff format libs dags plugins jobs tests bench
-	@$(BIN)/ruff check --fix libs dags plugins jobs tests bench
+	@$(BIN)/ruff format libs dags plugins jobs tests bench docs/hooks.py
+	@$(BIN)/ruff check --fix libs dags plugins jobs tests bench docs/hooks.py
+
+# The documentation site (mkdocs.yml) into .local/site: the user guide (docs/*.md), the API
+# reference from the docstrings and the CLI reference from the parser (docs/hooks.py).
+# Strict: a broken link, anchor or cross-reference fails it. Open .local/site/index.html.
+docs: venv
+	@echo "==> docs (mkdocs, strict) into .local/site"
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup
 	@for b in bench/bench_*.py; do [ -e "$$b" ] || continue; echo "==> $$b"; $(BIN)/python $$b || exit 1; done
