@@ -18,11 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from microbatch.errors import ConfigError
+from microbatch.runtime.stage_one import event_time_ms
 from microbatch.windows.spec import Duration, duration_ms
 
 TimeSpec = str | Callable[[Any], Any]
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_MS = dt.timedelta(milliseconds=1)
 
 
 class RecordTimeError(Exception):
@@ -36,24 +35,10 @@ class RecordTimeError(Exception):
 
 def to_epoch_ms(value: Any) -> int:
     """``value`` as epoch ms: int/float ms, an ISO-8601 string or a datetime (naive: UTC);
-    anything else raises ValueError naming it."""
-    if isinstance(value, bool):
-        raise ValueError(f"event time must be epoch ms, ISO-8601 or a datetime: {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"event time must be a finite number of ms: {value!r}")
-        return int(value)
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        return (value - _EPOCH) // _MS
-    raise ValueError(
-        f"event time must be epoch ms, ISO-8601 or a datetime, not {type(value).__name__}"
-    )
+    anything else raises ValueError naming it. Read as stage 1 reads the pipeline's event
+    time (:func:`microbatch.runtime.stage_one.event_time_ms`), so a join and the watermark
+    agree to the millisecond."""
+    return event_time_ms(value)
 
 
 class EventTimeOf:

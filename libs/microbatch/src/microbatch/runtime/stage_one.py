@@ -14,6 +14,7 @@ import functools
 import gc
 import json
 import json.scanner
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -85,17 +86,28 @@ class _Bad(Exception):
 
 
 def event_time_ms(value: Any) -> int:
-    """An event time as epoch ms: an int/float of ms, or an ISO-8601 string (naive = UTC)."""
+    """An event time as epoch ms: an int/float of ms, an ISO-8601 string or a datetime
+    (naive: UTC), exactly (no float rounding of the datetime); anything else raises
+    ValueError. The one reading of an event time: stage 1, later steps and the joins."""
     if isinstance(value, bool):
-        raise ValueError(f"event time must be epoch ms or ISO-8601, got {value!r}")
+        raise ValueError(f"event time must be epoch ms, ISO-8601 or a datetime, got {value!r}")
     if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"event time must be a finite number of ms, got {value!r}")
         return int(value)
     if isinstance(value, str):
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        return int(parsed.timestamp() * 1000)
-    raise ValueError(f"event time must be epoch ms or ISO-8601, got {type(value).__name__}")
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return (value - _EPOCH) // _MS
+    raise ValueError(
+        f"event time must be epoch ms, ISO-8601 or a datetime, got {type(value).__name__}"
+    )
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MS = dt.timedelta(milliseconds=1)
 
 
 @contextlib.contextmanager
