@@ -120,7 +120,10 @@ class ParquetSink(Sink):
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         store = open_store(self.url, ctx.settings)
-        return stage_parquet(store, self.name, ctx.batch_id, ctx.instance, table, ctx.attempt)
+        staged = stage_parquet(store, self.name, ctx.batch_id, ctx.instance, table, ctx.attempt)
+        if staged is not None:
+            drop_if_batch_collected(store, ctx, self.name, staged)
+        return staged
 
     def publish(self, ctx: PublishContext) -> None:
         store = open_store(self.url, ctx.settings)
@@ -191,6 +194,24 @@ def stage_parquet(
     except Exception as e:
         raise SinkError(f"sink {sink_name!r}: writing {store.url}/{key} failed: {e}") from e
     return Staged(key, table.num_rows)
+
+
+def drop_if_batch_collected(
+    store: ObjectStore, ctx: StageContext, sink_name: str, staged: Staged
+) -> None:
+    """After writing a part: if retention already removed the batch's plan, the batch's
+    orphans may have been collected before the part existed, and nothing would ever
+    delete it (a killed or fenced attempt that wakes late). Delete it and fail: the put
+    comes before this look, and retention deletes the plan before it lists the batch's
+    files, so one of the two always sees the other."""
+    if ctx.checkpoint_store.exists(ctx.layout.plan_key(ctx.batch_id)):
+        return
+    store.delete(staged.file)
+    raise SinkError(
+        f"pipeline {ctx.pipeline!r} batch {ctx.batch_id} sink {sink_name!r}: the batch left "
+        "retention while this attempt staged its part (its plan is gone): a stalled "
+        "attempt; the part was deleted, and the batch's output is the committed one's"
+    )
 
 
 def is_published(store: ObjectStore, batch_id: int) -> bool:
