@@ -161,6 +161,29 @@ def test_s3_unreachable_in_a_spark_task_exits_as_on_the_driver(failure):
     assert exit_code(failure) is exit_code(on_the_driver) is ExitCode.SERVICE_UNREACHABLE
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        spark_task_failure(
+            "microbatch.errors.StorageError: S3 put of key counts/part-1.parquet in bucket 'mb' "
+            "failed: An error occurred (InvalidAccessKeyId) when calling the PutObject "
+            "operation: The AWS Access Key Id you provided does not exist in our records."
+        ),
+        spark_task_failure(
+            "botocore.exceptions.NoCredentialsError: Unable to locate credentials",
+            "The above exception was the direct cause of the following exception:",
+            "microbatch.errors.StorageError: S3 get of key plans/1.json failed",
+        ),
+        spark_task_failure(
+            "kafka.errors.SaslAuthenticationFailedError: [Error 58] authentication failed",
+            "microbatch.errors.SourceError: reading clicks[0] [3, 9) failed",
+        ),
+    ],
+)
+def test_credentials_refused_in_a_spark_task_exit_as_on_the_driver(failure):
+    assert exit_code(failure) is ExitCode.CONFIG_ERROR
+
+
 def test_a_spark_task_failure_of_a_reachable_store_still_exits_batch_failed():
     failure = spark_task_failure(
         "microbatch.errors.StorageError: S3 put of key counts/part-1.parquet in bucket 'mb' "

@@ -155,6 +155,14 @@ S3_CREDENTIAL_CODES = frozenset(
     }
 )
 _QUALIFIED = re.compile(r"\bmicrobatch\.errors\.([A-Za-z]+Error)\b")
+#: Refused credentials as they read in a traceback Spark hands back as text: botocore's
+#: "An error occurred (<code>)" with a credentials code, or the class of the cause.
+_REJECTED_TEXT = re.compile(
+    r"An error occurred \((?:" + "|".join(sorted(S3_CREDENTIAL_CODES)) + r")\)"
+    r"|\bbotocore\.exceptions\.(?:NoCredentialsError|PartialCredentialsError)\b"
+    r"|Unable to locate credentials"
+    r"|\bkafka\.errors\.(?:SaslAuthenticationFailedError|\w+AuthorizationFailedError)\b"
+)
 #: A failed connection as it reads in a traceback Spark hands back as text: the class of
 #: the cause (the worker's traceback names it) or, where only the library's own line came
 #: through, the words botocore uses for it in the message a StorageError repeats.
@@ -191,7 +199,7 @@ def exit_code(error: BaseException) -> ExitCode:
             if issubclass(own, cls):
                 return code
     for cause in _chain(error):
-        if _rejects_credentials(cause):
+        if _rejects_credentials(cause) or _reads_rejected_credentials(cause):
             return ExitCode.CONFIG_ERROR
         if _is_unreachable(cause) or _reads_unreachable(cause):
             return ExitCode.SERVICE_UNREACHABLE
@@ -252,6 +260,14 @@ def _reads_unreachable(e: BaseException) -> bool:
     if isinstance(e, MicrobatchError) or library_error_class(e) is None:
         return False
     return _UNREACHABLE_TEXT.search(str(e)) is not None
+
+
+def _reads_rejected_credentials(e: BaseException) -> bool:
+    """A library error passed on as text (a Spark task's) whose cause was credentials S3
+    or Kafka refused: the text names the cause's class or S3's error code."""
+    if isinstance(e, MicrobatchError) or library_error_class(e) is None:
+        return False
+    return _REJECTED_TEXT.search(str(e)) is not None
 
 
 def _rejects_credentials(e: BaseException) -> bool:
