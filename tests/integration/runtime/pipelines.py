@@ -18,7 +18,7 @@ from microbatch.runtime import (
     Pipeline,
     ProcessContext,
 )
-from microbatch.sinks import DeltaSink, PostgresSink
+from microbatch.sinks import DeltaSink, IcebergCatalog, IcebergSink, PostgresSink
 
 COUNT_SCHEMA = pa.schema([("user", pa.string()), ("clicks", pa.int64()), ("total", pa.int64())])
 PG_SCHEMA = pa.schema(
@@ -61,12 +61,14 @@ def count_pipeline(
     kafka_first: bool = False,
     postgres: tuple[str, str] | None = None,
     delta: str | None = None,
+    iceberg: str | None = None,
 ) -> Pipeline:
     """Click counts per user to Parquet (and to ``out_topic``; published first if
     ``kafka_first``, so a crash while publishing can leave its transaction open).
     ``postgres`` = (dsn, table prefix): also to PostgreSQL, published first — the users'
     totals upserted into ``<prefix>_totals`` and every row appended to ``<prefix>_log``.
-    ``delta``: also to a Delta table at that URI."""
+    ``delta``: also to a Delta table at that URI; ``iceberg``: also to an Iceberg table
+    with its SQLite catalog and warehouse in that folder."""
     sinks: list[Any] = [ParquetSink("counts", f"{root}/counts", COUNT_SCHEMA)]
     if out_topic is not None:
         kafka = KafkaSink("counts_topic", out_topic, key_field="user")
@@ -79,6 +81,9 @@ def count_pipeline(
         ]
     if delta is not None:
         sinks.append(DeltaSink("counts_delta", delta, COUNT_SCHEMA))
+    if iceberg is not None:
+        catalog = IcebergCatalog.sql(f"sqlite:///{iceberg}/catalog.db", f"file://{iceberg}/wh")
+        sinks.append(IcebergSink("counts_iceberg", "soak.counts", COUNT_SCHEMA, catalog=catalog))
     return Pipeline(
         name="counts",
         source=KafkaSource(topics=(topic,), max_records_per_batch=max_records_per_batch),

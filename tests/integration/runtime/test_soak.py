@@ -1,8 +1,8 @@
 """A kill soak (opt-in: ``MICROBATCH_SOAK_ROUNDS=N``, N rounds): ``microbatch run``
 processes at random parallelism, SIGKILLed at random moments, while clicks keep arriving;
 each next run just starts (the killed run's lease expires on its own). At the end the
-Parquet output followed through its commits, the Delta table, the PostgreSQL upserts and
-appends, and the Kafka output read ``read_committed`` all equal a plain-Python count of
+Parquet output followed through its commits, the Delta and Iceberg tables, the PostgreSQL
+upserts and appends, and the Kafka output read ``read_committed`` all equal a plain-Python count of
 every click: nothing lost, nothing doubled.
 
 Not part of ``make test`` (minutes per run); the closing notes quote its result.
@@ -25,10 +25,11 @@ from microbatch.localstack.topics import read_topic
 from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 from microbatch.sinks.delta import read_delta_sink
+from microbatch.sinks.iceberg import read_iceberg_sink
 from tests.integration.runtime.test_batches import clicks, new_topic, produce, totals
 from tests.integration.runtime.test_zombies import REPO, start_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("pyiceberg_threads")]
 
 ROUNDS = int(os.environ.get("MICROBATCH_SOAK_ROUNDS", "0"))
 JOB = """
@@ -37,7 +38,8 @@ from tests.integration.runtime.pipelines import count_pipeline
 
 pipeline = dataclasses.replace(
     count_pipeline({topic!r}, {root!r}, out_topic={out!r}, max_records_per_batch=60,
-                   parallelism={parallelism}, delta={delta!r}, postgres=({dsn!r}, {prefix!r})),
+                   parallelism={parallelism}, delta={delta!r}, postgres=({dsn!r}, {prefix!r}),
+                   iceberg={iceberg!r}),
     lease_timeout_s=2.0,
 )
 """
@@ -64,6 +66,7 @@ def test_random_kills_lose_and_double_nothing(
                 out=out,
                 parallelism=rng.randint(1, 4),
                 delta=str(tmp_path / "delta"),
+                iceberg=str(tmp_path / "iceberg"),
                 dsn=postgres_dsn,
                 prefix=prefix,
             )
@@ -95,6 +98,7 @@ def test_random_kills_lose_and_double_nothing(
         parquet[row["user"]] += row["clicks"]
     kafka = [json.loads(m.value) for m in read_topic(bootstrap, out)]
     delta = read_delta_sink(str(tmp_path / "delta")).to_pylist()
+    iceberg = read_iceberg_sink(pipeline.sink("counts_iceberg")).to_pylist()
     with psycopg.connect(postgres_dsn) as conn:
         upserted = dict(conn.execute(f'SELECT "user", total FROM {prefix}_totals').fetchall())
         log = conn.execute(f'SELECT "user", clicks, total FROM {prefix}_log').fetchall()
@@ -102,6 +106,7 @@ def test_random_kills_lose_and_double_nothing(
     assert dict(parquet) == want
     assert sorted(kafka, key=_row_key) == sorted(rows, key=_row_key)
     assert sorted(delta, key=_row_key) == sorted(rows, key=_row_key)
+    assert sorted(iceberg, key=_row_key) == sorted(rows, key=_row_key)
     assert upserted == want
     assert sorted(log) == sorted((r["user"], r["clicks"], r["total"]) for r in rows)
 

@@ -11,7 +11,6 @@ import datetime
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,22 +23,11 @@ from microbatch.sinks.iceberg import read_iceberg_sink
 from microbatch.storage import open_store
 from tests.integration.sinks.spark_iceberg import java_read_iceberg
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("pyiceberg_threads")]
 
 SCHEMA = pa.schema([("user", pa.string()), ("clicks", pa.int64()), ("day", pa.date32())])
 WIDER = pa.schema([*SCHEMA, pa.field("score", pa.float64())])
 DAY = datetime.date(2026, 11, 25)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _pyiceberg_threads() -> Iterator[None]:
-    """Stop pyiceberg's process-wide thread pool (non-daemon workers) after the module."""
-    from pyiceberg.utils.concurrent import ExecutorFactory
-
-    yield
-    if ExecutorFactory._instance is not None:
-        ExecutorFactory._instance.shutdown(wait=True)
-        ExecutorFactory._instance = None
 
 
 def run_batch(sink: IcebergSink, settings: Settings, store, batch_id: int, records: list[dict],
