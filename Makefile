@@ -30,8 +30,8 @@ export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv tools jars setup browser postgres test test-unit soak lint format demo airflow \
-        stack-up stack-down stack-status bench lock clean cluster connect docs
+.PHONY: all venv tools jars setup browser postgres test test-unit typecheck soak lint format demo \
+        airflow stack-up stack-down stack-status bench lock clean cluster connect docs
 
 all: venv
 
@@ -113,11 +113,21 @@ browser:
 test: setup browser postgres
 	@echo "==> ruff"
 	@$(BIN)/ruff check libs dags plugins jobs tests bench docs/hooks.py
+	@echo "==> mypy (strict: microbatch.runtime, .dataflow, .joins, .testing)"
+	@$(MYPY)
 	@echo "==> pytest (unit, then integration on real Kafka/SeaweedFS/Spark, then Airflow)"
 	@$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: venv
 	@$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+# The public API's types: mypy --strict on microbatch.runtime, .dataflow, .joins and .testing
+# (their configuration: [tool.mypy] in libs/microbatch/pyproject.toml). Its cache is
+# .mypy_cache/ (git-ignored): a few seconds once warm.
+MYPY := $(BIN)/mypy --config-file libs/microbatch/pyproject.toml
+typecheck: venv
+	@echo "==> mypy (strict: microbatch.runtime, .dataflow, .joins, .testing)"
+	@$(MYPY)
 
 # The kill soak (not in `make test`): ROUNDS runs SIGKILLed at random moments, then the
 # outputs against a plain-Python count. SEED picks the kills.

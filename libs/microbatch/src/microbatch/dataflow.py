@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from microbatch.errors import ConfigError
 from microbatch.runtime.graph import Edge
@@ -51,7 +51,7 @@ from microbatch.runtime.pipeline import (
     combined_source,
 )
 from microbatch.runtime.process import KeyedProcessFunction
-from microbatch.runtime.steps import Chain, KeyedStep, Stateless, Tap
+from microbatch.runtime.steps import Chain, KeyedStep, Stateless, StatelessKind, Tap
 from microbatch.sinks import Sink
 from microbatch.validation import check_name
 
@@ -216,7 +216,7 @@ class Dataflow:
             if strand.origin is not before or side:
                 return None
         prefixes = {s.origin: s.chain for s, _, _ in first.inputs}
-        return first.inputs[0][1], prefixes  # type: ignore[return-value]
+        return first.inputs[0][1], cast("dict[int, Chain]", prefixes)  # origins: sources
 
     def _add_step(self, step: _Keyed) -> None:
         if any(s.uid == step.uid for s in self._steps):
@@ -260,14 +260,14 @@ class Stream:
         self._flow = flow
         self._strands = strands
 
-    def _then(self, kind: str, fn: Callable[[Any], Any], name: str | None) -> Stream:
+    def _then(self, kind: StatelessKind, fn: Callable[[Any], Any], name: str | None) -> Stream:
         n = max(len(s.chain) for s in self._strands) + 1
         origins = [s.origin for s in self._strands]
         if all(isinstance(o, int) for o in origins):
             after = "source"
         else:
-            after = origins[0].uid if len(origins) == 1 else "union"  # type: ignore[union-attr]
-        step = Stateless(kind, fn, name or f"{after}.{kind}-{n}")  # type: ignore[arg-type]
+            after = cast(_Keyed, origins[0]).uid if len(origins) == 1 else "union"
+        step = Stateless(kind, fn, name or f"{after}.{kind}-{n}")
         return Stream(self._flow, tuple(_Strand(s.origin, (*s.chain, step)) for s in self._strands))
 
     def union(self, *others: Stream) -> Stream:

@@ -142,7 +142,7 @@ class ProcessHarness:
 
         def context(key_ctx: KeyContext, domain: str = "event_time") -> ProcessContext:
             ctx = ProcessContext(key_ctx, after, now, domain)
-            ctx.watermark_before = before  # type: ignore[attr-defined]
+            ctx.watermark_before = before
             return ctx
 
         for instance in range(self.parallelism):

@@ -38,7 +38,7 @@ def watermark_before(op: str, ctx: ProcessContext) -> int | None:
     it may be late. The runtime sets ``ctx.watermark_before`` for functions that take late
     records (``late_records``); without it a join cannot tell late from on time."""
     try:
-        return ctx.watermark_before  # type: ignore[attr-defined,no-any-return]
+        return ctx.watermark_before
     except AttributeError:
         raise ProcessError(
             f"{op} needs ctx.watermark_before, the watermark the batch started with, to "

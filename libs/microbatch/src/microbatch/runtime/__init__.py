@@ -4,7 +4,7 @@ Defining a pipeline imports no Spark or Kafka client; the batch machinery (Spark
 Arrow) loads on first use of :class:`BatchRunner` and friends.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from microbatch.runtime.faults import CRASH_POINTS, InjectedCrash
 from microbatch.runtime.pipeline import Enrichment, EventTime, KafkaSource, Pipeline
@@ -13,6 +13,10 @@ from microbatch.runtime.schema import JsonSchema
 from microbatch.sinks import DeadLetterSink, KafkaSink, ParquetSink
 
 _BATCH_NAMES = ("BatchOptions", "BatchResult", "BatchRunner", "run_batch")
+
+if TYPE_CHECKING:  # their types, for type checkers and editors; loaded lazily at run time
+    from microbatch.runtime.options import BatchOptions, BatchResult
+    from microbatch.runtime.protocol import BatchRunner, run_batch
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +32,7 @@ from microbatch.runtime.envelope import (
     value_columns,
 )
 from microbatch.runtime.pipeline import columnar_values
-from microbatch.runtime.schema import SCHEMA_MISMATCH, kind_of
+from microbatch.runtime.schema import SCHEMA_MISMATCH, ValueSchema, kind_of
 
 if TYPE_CHECKING:
     from microbatch.runtime.stage_one import StageOne
@@ -45,7 +45,8 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     from microbatch.runtime.stage_one import _Bad  # the per-record path's verdicts
 
     pipeline = stage.pipeline
-    schema = pipeline.source.value_schema
+    # Only called when columnar_values(pipeline) is not None: the source declares a schema.
+    schema = cast(ValueSchema, pipeline.source.value_schema)
     values = schema.arrow_schema
     out = EnvelopeBuilder(envelope_schema(values))
     topic, part, off, rkey, rvalue = (batch.column(c) for c in SOURCE_COLUMNS)
@@ -176,7 +177,7 @@ def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
     return lambda i, j: DecodedRecords(decode(p) for p in payloads[i:j])
 
 
-class DecodedRecords(list):  # type: ignore[type-arg]
+class DecodedRecords(list[Any]):
     """Records decoded from payloads: a plain list, plus their columns for windows."""
 
     def columns(self) -> pa.Table:
@@ -215,7 +216,8 @@ class LazyRecords(Sequence[dict[str, Any]]):
         """The ``i``-th record alone (the others stay columns)."""
         if self._built is not None:
             return self._built[i]
-        return self._table.take(self._rows.slice(i, 1)).to_pylist()[0]  # type: ignore[no-any-return]
+        record: dict[str, Any] = self._table.take(self._rows.slice(i, 1)).to_pylist()[0]
+        return record
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self._records())

@@ -26,7 +26,7 @@ from __future__ import annotations
 import marshal
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -228,9 +228,11 @@ class EnvelopeBuilder:
     def add(
         self,
         kind: str,
-        topic: str,
-        part: int,
-        off: int,
+        # topic, part, off: None for a dead letter of no source record (a failed timer's)
+        # forwarded to a later step.
+        topic: str | None,
+        part: int | None,
+        off: int | None,
         seq: int,
         instance: int,
         kg: int | None,
@@ -321,9 +323,12 @@ def _stat_rows(
                     n.get(DEAD_LETTER, 0),
                     n.get(PENDING, 0),
                     top.get((topic, part)),
-                    tuple(
-                        sums.get((topic, part), {}).get(k, 0)
-                        for k in (RECORD, DEAD_LETTER, PENDING)
+                    cast(
+                        "tuple[int, int, int]",
+                        tuple(
+                            sums.get((topic, part), {}).get(k, 0)
+                            for k in (RECORD, DEAD_LETTER, PENDING)
+                        ),
                     ),
                 )
             )

@@ -17,13 +17,13 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import BatchError, ConfigError
-from microbatch.kafka import BatchPlan, KafkaBrokerView
+from microbatch.kafka import BatchPlan, BrokerView
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
@@ -33,6 +33,9 @@ from microbatch.runtime.spine import spine_frame, step_results
 from microbatch.runtime.stage_one import ReadingStageOne, StageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
 from microbatch.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class SparkExecutor:
         spark: Any | Callable[[], Any] | None,
         pipeline: Pipeline,
         settings: Settings,
-        broker: Callable[[], KafkaBrokerView],
+        broker: Callable[[], BrokerView],
     ) -> None:
         self._spark = spark
         self.pipeline = pipeline
@@ -189,7 +192,8 @@ class SparkExecutor:
             )
             # Only the columns stage 1 reads cross from the JVM to Python.
             return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type), reader
-        descriptors = range_descriptors(self.spark, plan.ranges)
+        # None only without a non-empty range: plan.ranges holds only non-empty ones.
+        descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
         reading = ReadingStageOne(process, bootstrap, self.settings.kafka_client_config())
         return descriptors.mapInArrow(reading, envelope_type), reader
 
@@ -206,7 +210,7 @@ class SparkExecutor:
                     yield from stage((instance,), ticks([instance], schema)).to_batches()
 
         slices = self.spark.range(0, stage.parallelism, 1, stage.parallelism)
-        return slices.mapInArrow(per_task, RESULT_DDL).collect()
+        return cast("list[Any]", slices.mapInArrow(per_task, RESULT_DDL).collect())
 
     def _collect(self, rows: list[Any], stage: StageTwo) -> tuple[InstanceResult, ...]:
         results = sorted(

@@ -288,7 +288,7 @@ class Pipeline:
         check_steps(
             where,
             self.uid,
-            self.taps,  # type: ignore[arg-type]
+            self.taps,
             self.steps,
             (s.name for s in self.sinks),
             self.event_time is not None,

@@ -33,7 +33,7 @@ from microbatch.kafka import (
     plan_batch,
 )
 from microbatch.runtime.options import BatchOptions
-from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.pipeline import OnOutOfRange, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def _plan(
     committed: Mapping[TopicPartition, int] | None,
     batch_id: int,
     options: BatchOptions,
-    on_out_of_range: str | None = None,
+    on_out_of_range: OnOutOfRange | None = None,
 ) -> BatchPlan:
     src = pipeline.source
     return plan_batch(
@@ -130,7 +130,7 @@ def _plan(
             options.max_records_per_batch or src.max_records_per_batch,
         ),
         until_timestamp_ms=options.until_timestamp_ms,
-        on_out_of_range=on_out_of_range or src.on_out_of_range,  # type: ignore[arg-type]
+        on_out_of_range=on_out_of_range or src.on_out_of_range,
         now_ms=processing_time_ms(options.until_timestamp_ms),
     )
 

@@ -19,6 +19,7 @@ instance runs every batch, even without input, so timers fire on time.
 
 from __future__ import annotations
 
+import builtins  # in ProcessContext's body, `list` is its method
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -68,7 +69,7 @@ class ProcessContext:
     def delete_timer(self, timestamp_ms: int) -> None:
         self._key_ctx.delete_timer(int(timestamp_ms))
 
-    def timers(self) -> list[int]:
+    def timers(self) -> builtins.list[int]:
         return self._key_ctx.timers()
 
     def register_processing_timer(self, timestamp_ms: int) -> None:
@@ -79,7 +80,7 @@ class ProcessContext:
     def delete_processing_timer(self, timestamp_ms: int) -> None:
         self._key_ctx.delete_processing_timer(int(timestamp_ms))
 
-    def processing_timers(self) -> list[int]:
+    def processing_timers(self) -> builtins.list[int]:
         return self._key_ctx.processing_timers()
 
     def emit(self, record: Any, sink: str | None = None, *, to: str | None = None) -> None:

@@ -28,7 +28,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from microbatch.checkpoint import (
     Layout,
@@ -423,8 +423,8 @@ class BatchRunner:
         return self._broker
 
     def close_broker(self) -> None:
-        if self._broker is not None and self._kafka:
-            self._broker.close()
+        if self._broker is not None and self._kafka:  # ours: a KafkaBrokerView
+            cast(KafkaBrokerView, self._broker).close()
             self._broker = None
 
     def _load_if_retained(self, checkpoint_id: int) -> Manifest | None:

@@ -24,7 +24,7 @@ How a batch is decoded:
 So one bad value among 10,000 costs ~2·log2(10,000) extra parses of ever smaller blocks,
 and good values never meet Python. Declared types: ``string``, ``long`` (alias
 ``bigint``), ``int``, ``double``, ``boolean``. A schema is a :class:`ValueSchema`: an
-Avro one would implement the same two methods.
+Avro one would implement the same three methods.
 """
 
 from __future__ import annotations
@@ -93,6 +93,11 @@ class ValueSchema(Protocol):
 
     def decode(self, values: pa.Array) -> Decoded:
         """The non-null binary ``values`` as columns of :attr:`arrow_schema`."""
+        ...
+
+    def decode_record(self, value: bytes) -> Any:
+        """One value as a record, or :class:`SchemaMismatch` (stage 1 decodes record by
+        record when enrichment follows)."""
         ...
 
 
@@ -314,7 +319,8 @@ def _without_line_breaks(values: pa.Array) -> np.ndarray:
     if raw.find(b"\n") < 0 and raw.find(b"\r") < 0:
         return np.ones(len(values), dtype=bool)
     broken = pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r"))
-    return ~broken.to_numpy(zero_copy_only=False)
+    flags: np.ndarray = broken.to_numpy(zero_copy_only=False)
+    return ~flags
 
 
 def _runs(flags: np.ndarray) -> list[tuple[bool, int]]:

@@ -17,8 +17,8 @@ import json.scanner
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
@@ -52,7 +52,10 @@ from microbatch.runtime.pipeline import (
     json_decoder,
 )
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
-from microbatch.runtime.steps import StepFailed, Tap, filters_only, run_chain
+from microbatch.runtime.steps import Stateless, StepFailed, Tap, filters_only, run_chain
+
+if TYPE_CHECKING:
+    from microbatch.enrich import Output
 
 _KEYS_REMEMBERED = 100_000  # string keys whose bytes and key-group a task keeps
 
@@ -85,7 +88,7 @@ class _Bad(Exception):
         self.error = error
 
 
-def event_time_ms(value: Any) -> int:
+def event_time_ms(value: object) -> int:
     """An event time as epoch ms: an int/float of ms, an ISO-8601 string or a datetime
     (naive: UTC), exactly (no float rounding of the datetime); anything else raises
     ValueError. The one reading of an event time: stage 1, later steps and the joins."""
@@ -128,7 +131,8 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-_JSON_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+# typeshed types the scanner's context as a make_scanner; it reads a JSONDecoder's attributes.
+_JSON_SCAN = json.scanner.make_scanner(cast("json.scanner.make_scanner", json.JSONDecoder()))
 
 
 def fast_json_decoder(value: bytes) -> Any:
@@ -302,7 +306,7 @@ class StageOne:
         before the first keyed step) in stage 1?"""
         return bool(self.pipeline.prefix or self.pipeline.inputs or self.pipeline.source_taps)
 
-    def prefix_of(self, topic: str) -> tuple[Any, ...]:
+    def prefix_of(self, topic: str) -> Sequence[Stateless]:
         if self.pipeline.inputs:
             return self._inputs[topic][2]
         return self.pipeline.prefix
@@ -405,13 +409,14 @@ class StageOne:
                 seq = seq + 1 if coords == previous else 0
                 previous = coords
                 topic, part, off = coords
+                value = cast("Output", o).value  # it has coordinates: not a watermark
                 try:
                     if self.has_prefix:
-                        self.add_records(out, topic, part, off, o.value, seq)
+                        self.add_records(out, topic, part, off, value, seq)
                     else:
-                        self.add_record(out, topic, part, off, seq, o.value)
+                        self.add_record(out, topic, part, off, seq, value)
                 except _Bad as bad:
-                    rkey, rvalue = sources.get(coords) or (None, _json_bytes(o.value))
+                    rkey, rvalue = sources.get(coords) or (None, _json_bytes(value))
                     out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
                              rkey, rvalue, seq=seq)  # fmt: skip
             for d in outcome.dead_letters:

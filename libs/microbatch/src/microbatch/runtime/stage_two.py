@@ -33,7 +33,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -80,6 +80,9 @@ from microbatch.state.blockcache import BlockCache, RunRef
 from microbatch.state.bundle import PROCESSING_TIMER
 from microbatch.state.cache import state_cache
 from microbatch.storage import open_store
+
+if TYPE_CHECKING:
+    from microbatch.windows.api import WindowedAggregation
 
 RESULT_DDL = "instance INT, result STRING"
 SOURCE_ORDER = ("topic", "partition", "offset", "seq")
@@ -419,7 +422,7 @@ class StageTwo:
             everything = records_of(0, recs.num_rows)
             stats.update(
                 run_windows(
-                    process_fn.operator,  # type: ignore[attr-defined]
+                    cast("WindowedAggregation", process_fn).operator,
                     backend,
                     everything.columns(),
                     recs.column("key"),
@@ -515,16 +518,16 @@ class StageTwo:
         crash_if(self.crash_at, "after_state_files", self._where(instance))
 
         # Step 5: stage sink output.
-        ctx = StageContext(
+        stage_ctx = StageContext(
             pipeline.name, self.batch_id, instance, self.settings, store, Layout(), self.attempt
         )
         staged = {}
         for sink in pipeline.sinks:
             if sink.name in outputs:
-                staged[sink.name] = sink.stage(ctx, outputs[sink.name])
+                staged[sink.name] = sink.stage(stage_ctx, outputs[sink.name])
         if self.is_last:
             if pipeline.dead_letters is not None:
-                staged[pipeline.dead_letters.name] = pipeline.dead_letters.stage(ctx, dead)
+                staged[pipeline.dead_letters.name] = pipeline.dead_letters.stage(stage_ctx, dead)
         else:
             router.forward_dead_letters(dead, instance)
         t_stage = time.perf_counter()

@@ -134,7 +134,7 @@ class KeyedStep:
 def check_steps(
     where: str,
     first_uid: str | None,
-    first_taps: tuple[Tap, ...] | None,
+    first_taps: Sequence[Tap] | None,
     steps: Sequence[KeyedStep],
     sink_names: Iterable[str],
     has_event_time: bool,
