@@ -136,3 +136,15 @@ def test_records_are_sorted_by_key_bytes_then_source_order() -> None:
     )
     assert got == expected.select(["key", "topic", "partition", "offset"]).to_pylist()
     assert [r["offset"] for r in got] == [1, 2, 9, 3, 7, 5]
+
+
+def test_a_retried_or_speculative_task_writes_under_names_of_its_own(monkeypatch) -> None:
+    import pyspark
+
+    from microbatch.runtime.stage_two import with_task_attempt
+
+    assert with_task_attempt("ab12") == "ab12"  # no Spark task: the driver's attempt
+    for number, names in ((0, "ab12"), (1, "ab12t1"), (3, "ab12t3")):
+        task = SimpleNamespace(attemptNumber=lambda n=number: n)
+        monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda t=task: t))
+        assert with_task_attempt("ab12") == names

@@ -511,7 +511,8 @@ class StageTwo:
         t_process = time.perf_counter()
 
         # Step 4: the run of the keys it changed.
-        snap = state.write(store, self.batch_id, instance, self.attempt)
+        attempt = with_task_attempt(self.attempt)
+        snap = state.write(store, self.batch_id, instance, attempt)
         stats["runs"] = len(snap.runs or ())
         stats["state_bytes_written"] = snap.bytes_written
         t_state = time.perf_counter()
@@ -519,7 +520,7 @@ class StageTwo:
 
         # Step 5: stage sink output.
         stage_ctx = StageContext(
-            pipeline.name, self.batch_id, instance, self.settings, store, Layout(), self.attempt
+            pipeline.name, self.batch_id, instance, self.settings, store, Layout(), attempt
         )
         staged = {}
         for sink in pipeline.sinks:
@@ -551,6 +552,19 @@ class StageTwo:
             },
         )
         return result, router
+
+
+def with_task_attempt(attempt: str) -> str:
+    """``attempt`` as the names this task writes use it: with Spark's attempt number of
+    the task when Spark ran it again (a retry, a speculative copy), so two attempts of one
+    instance never write the same run or part — the manifest names the files of the one
+    whose result the driver kept, whatever the other wrote (a non-deterministic enrichment
+    may give other bytes)."""
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    number = task.attemptNumber() if task is not None else 0
+    return f"{attempt}t{number}" if number else attempt
 
 
 @dataclasses.dataclass
