@@ -259,9 +259,11 @@ def publish_messages(
 
         if isinstance(e, ProducerFencedError | InvalidProducerEpochError):
             raise LeaseError(
-                f"{where}: batch {batch_id}'s transaction was fenced: a newer run of the "
-                "pipeline took over this sink (it publishes the batch, exactly once), so this "
-                "attempt stops without committing anything. Nothing to do."
+                f"{where}: batch {batch_id}'s transaction was fenced: another producer of "
+                "this sink started (a newer run that took over the pipeline, or a stalled "
+                "older attempt publishing late), and the broker aborted this one. Nothing was "
+                "committed twice: the batch's checkpoint is committed, and the next run "
+                "publishes it exactly once. Nothing to do but let it run."
             ) from e
         raise SinkError(
             f"{where}: publishing batch {batch_id} failed: {e!r}. The checkpoint is "
