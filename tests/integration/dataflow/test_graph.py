@@ -162,3 +162,25 @@ def test_a_graph_of_keyed_steps_equals_the_reference_through_a_crash_and_a_resca
         ("undecodable", None, payments_topic),
         ("zero_payment", "sides", None),
     ]
+
+
+def test_a_chain_over_a_declared_schema_reads_its_columns_then_hands_on_records(
+    spark, kafka_settings, bootstrap, admin, tmp_path
+) -> None:
+    """Stage 1 decodes a declared schema into columns for the first keyed step; the
+    exchange into it carried only the envelope, so the first step found no columns."""
+    from microbatch.runtime.schema import JsonSchema
+
+    topic = new_topic(admin, 2)
+    produce(bootstrap, topic, [json.dumps(order(i)).encode() for i in range(ORDERS)])
+    schema = JsonSchema({"card": "string", "merchant": "string", "amount": "long"})
+    flow = Dataflow("declared", checkpoints=f"{tmp_path}/cp", max_parallelism=16, parallelism=2)
+    totals = flow.source(KafkaSource(topics=(topic,), value_schema=schema)).key_by("card")
+    per_merchant = totals.process(CardTotal(), uid="totals").key_by("merchant")
+    per_merchant.process(Count("merchant"), uid="per-merchant").to(
+        ParquetSink("merchants", f"{tmp_path}/merchants")
+    )
+    BatchRunner(spark, flow.build(), kafka_settings).run(BatchOptions(run_id="one"))
+    rows = read_parquet_sink(str(tmp_path / "merchants")).to_pylist()
+    want = Counter(order(i)["merchant"] for i in range(ORDERS))
+    assert highest(rows, "merchant", "n") == want

@@ -317,9 +317,13 @@ def ship_user_code(pipeline: Pipeline) -> None:
         objs += [step.process, step.key_by, *(s.fn for s in step.before)]
         objs += [s.fn for tap in step.taps for s in tap.chain]
     objs += [s.fn for tap in pipeline.taps or () for s in tap.chain]
+    objs += [s.fn for tap in pipeline.source_taps for s in tap.chain]
+    for edge in pipeline.edges:
+        objs += [edge.key_by, *(s.fn for s in edge.chain)]
     objs += [type(s) for s in pipeline.all_sinks()]  # a user's own sink class
     if pipeline.enrich is not None:
         objs.append(pipeline.enrich.make_operator)
+    objs += held_by_library_objects(objs)
     installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     for obj in objs:
         while isinstance(obj, functools.partial):
@@ -339,3 +343,21 @@ def ship_user_code(pipeline: Pipeline) -> None:
         ):
             continue
         cloudpickle.register_pickle_by_value(module)
+
+
+def held_by_library_objects(objs: list[Any], depth: int = 2) -> list[Any]:
+    """The user's functions that library objects hold (a join's ``select``, its time
+    functions, a custom aggregate's functions), ``depth`` attributes down: they are
+    pickled with the object, so their modules must ship too."""
+    found: list[Any] = []
+    level = [o for o in objs if type(o).__module__.split(".")[0] == "microbatch"]
+    for _ in range(depth):
+        nested: list[Any] = []
+        for obj in level:
+            for value in getattr(obj, "__dict__", {}).values():
+                if callable(value) or hasattr(value, "__dict__"):
+                    found.append(value)
+                    if type(value).__module__.split(".")[0] == "microbatch":
+                        nested.append(value)
+        level = nested
+    return found

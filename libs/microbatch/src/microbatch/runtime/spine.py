@@ -50,13 +50,20 @@ def step_instance(stage: StageTwo) -> Body:
     """The mapInArrow body of one keyed step over one partition: one whole instance."""
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        received = [b.select(ENVELOPE_SCHEMA.names) for b in batches]
-        table = pa.Table.from_batches(received, schema=ENVELOPE_SCHEMA)
+        received = list(batches)
+        # The first step's rows may carry the value columns stage 1 decoded (a declared
+        # schema): the step reads them; what it hands on is the envelope alone.
+        full = (
+            pa.Table.from_batches(received)
+            if received
+            else pa.Table.from_batches([], schema=ENVELOPE_SCHEMA)
+        )
+        table = full.select(ENVELOPE_SCHEMA.names)
         earlier = pc.equal(table.column("kind"), RESULT)
         later = rows_for_later(table, stage.step)  # ride on through this step
         if later is not None:
             earlier = pc.or_(earlier, later)
-        own = table.filter(pc.invert(earlier))
+        own = full.filter(pc.invert(earlier))
         instances = pc.unique(own.column("instance")).to_pylist()
         if len(instances) != 1:  # every partition holds its tick
             step = "the first keyed step" if stage.step is None else f"step {stage.step!r}"
@@ -72,7 +79,7 @@ def step_instance(stage: StageTwo) -> Body:
             return
         yield router.forward_rows()
         if instance == 0:
-            stats = own.filter(pc.equal(own.column("kind"), STAT))
+            stats = table.filter(pc.equal(table.column("kind"), STAT))
             for j in range(stage.parallelism):
                 copy = stats.set_column(
                     stats.schema.get_field_index("instance"),
