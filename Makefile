@@ -31,7 +31,7 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 
 .PHONY: all venv tools jars setup browser postgres test test-unit typecheck soak lint format demo \
-        airflow stack-up stack-down stack-status bench lock clean cluster connect docs
+        airflow stack-up stack-down stack-status bench nexmark lock clean cluster connect docs
 
 all: venv
 
@@ -172,6 +172,12 @@ docs: venv
 
 bench: setup
 	@for b in bench/bench_*.py; do [ -e "$$b" ] || continue; echo "==> $$b"; $(BIN)/python $$b || exit 1; done
+
+# Nexmark q0-q8 on microbatch and Structured Streaming (bench/nexmark; not in `make bench`):
+# builds the generator once with cargo, generates the events once per size under .local/.
+# E.g. make nexmark NEXMARK_ARGS="--events 10M --warmup 200k".
+nexmark: setup
+	@$(BIN)/python bench/nexmark/run.py $(NEXMARK_ARGS)
 
 # Regenerate the exact pins after editing requirements.in.
 lock: venv
