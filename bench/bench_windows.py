@@ -41,11 +41,9 @@ decoding the JSON values alone costs per record.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,7 +51,15 @@ from typing import Any
 
 import benchlib
 import pyarrow.parquet as pq
-from benchlib import kafka_settings, load, log, print_table, spark_cpu_seconds
+from benchlib import (
+    kafka_settings,
+    last_stage_id,
+    load,
+    log,
+    print_table,
+    spark_cpu_seconds,
+    spark_stages,
+)
 
 from microbatch import windows
 from microbatch.checkpoint import Layout, latest_manifest
@@ -215,23 +221,6 @@ def run_microbatch(spark: Any, settings: Settings, pipeline: Pipeline) -> tuple[
     if result.records_in and runner.stage_one_reader != "spark":
         raise SystemExit(f"stage 1 read with {runner.stage_one_reader!r}, not Spark's reader")
     return time.perf_counter() - started, result
-
-
-def spark_stages(spark: Any, after: int) -> list[dict[str, Any]]:
-    """Completed stages with an id above ``after`` (Spark's REST API), oldest first."""
-    sc = spark.sparkContext
-    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages?status=complete"
-    for _ in range(20):  # the UI's listener catches up asynchronously
-        with urllib.request.urlopen(url, timeout=10) as response:
-            stages = [s for s in json.load(response) if s["stageId"] > after]
-        if stages or after < 0:
-            break
-        time.sleep(0.25)
-    return sorted(stages, key=lambda s: s["stageId"])
-
-
-def last_stage_id(spark: Any) -> int:
-    return max((s["stageId"] for s in spark_stages(spark, -1)), default=-1)
 
 
 def window_rows(table: Any) -> set[tuple]:

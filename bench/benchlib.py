@@ -4,10 +4,12 @@ seconds and memory of the Spark process tree, and producing a topic's events."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +205,23 @@ def kafka_settings(work: Path, home: Path) -> Iterator[Any]:
         yield settings
     finally:
         broker.stop()
+
+
+def spark_stages(spark: Any, after: int) -> list[dict[str, Any]]:
+    """Completed stages with an id above ``after`` (Spark's REST API), oldest first; none
+    without the UI."""
+    sc = spark.sparkContext
+    if not sc.uiWebUrl:
+        return []
+    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages?status=complete"
+    for _ in range(20):  # the UI's listener catches up asynchronously
+        with urllib.request.urlopen(url, timeout=10) as response:
+            stages = [s for s in json.load(response) if s["stageId"] > after]
+        if stages or after < 0:
+            break
+        time.sleep(0.25)
+    return sorted(stages, key=lambda s: s["stageId"])
+
+
+def last_stage_id(spark: Any) -> int:
+    return max((s["stageId"] for s in spark_stages(spark, -1)), default=-1)

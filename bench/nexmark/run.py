@@ -41,7 +41,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from benchlib import kafka_settings, load, log, spark_cpu_seconds
+from benchlib import (
+    kafka_settings,
+    last_stage_id,
+    load,
+    log,
+    spark_cpu_seconds,
+    spark_stages,
+)
 
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
@@ -235,26 +241,6 @@ def where_time_goes(pipeline: Pipeline, settings: Settings, result: BatchResult)
         rounded = {k: round(v, 2) for k, v in per.items()}
         lines.append(f"  step {step}, instances' sum (s): {rounded}")
     return lines
-
-
-def spark_stages(spark: Any, after: int) -> list[dict[str, Any]]:
-    """Completed stages with an id above ``after`` (Spark's REST API), oldest first; none
-    without the UI."""
-    sc = spark.sparkContext
-    if not sc.uiWebUrl:
-        return []
-    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages?status=complete"
-    for _ in range(20):  # the UI's listener catches up asynchronously
-        with urllib.request.urlopen(url, timeout=10) as response:
-            stages = [s for s in json.load(response) if s["stageId"] > after]
-        if stages or after < 0:
-            break
-        time.sleep(0.25)
-    return sorted(stages, key=lambda s: s["stageId"])
-
-
-def last_stage_id(spark: Any) -> int:
-    return max((s["stageId"] for s in spark_stages(spark, -1)), default=-1)
 
 
 def stage_lines(spark: Any, after: int) -> list[str]:
