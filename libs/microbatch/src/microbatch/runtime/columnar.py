@@ -168,7 +168,9 @@ def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
     the records' columns (``columns()``) for windows."""
     values = columnar_values(pipeline)
     if values is not None:
-        fields = value_columns(recs.table, values)
+        # One contiguous chunk per column, once: each key's records are a ``take``, which
+        # on an instance's many-chunk table costs per chunk (~15x slower for small keys).
+        fields = value_columns(recs.table, values).combine_chunks()
         return lambda i, j: LazyRecords(fields, recs.rows.slice(i, j - i))
     from microbatch.runtime.stage_one import payload_decoder
 
