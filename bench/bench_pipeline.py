@@ -71,7 +71,7 @@ from typing import Any
 import benchlib
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchlib import kafka_settings, load, log, print_table, spark_cpu_seconds
+from benchlib import finish_query, kafka_settings, load, log, print_table, spark_cpu_seconds
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.enrich import AsyncOperator, NoRetry
@@ -229,11 +229,7 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, root: Path)
         .option("checkpointLocation", str(root / "checkpoint"))
         .start()
     )
-    query.awaitTermination()
-    elapsed = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SystemExit(f"Structured Streaming query failed: {query.exception()}")
-    return elapsed
+    return finish_query(query, started)
 
 
 # Set-up: topic, data; CPU accounting --------------------------------------------------------

@@ -52,6 +52,7 @@ from typing import Any
 import benchlib
 import pyarrow.parquet as pq
 from benchlib import (
+    finish_query,
     kafka_settings,
     last_stage_id,
     load,
@@ -204,11 +205,7 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, root: Path)
         .option("checkpointLocation", str(root / "checkpoint"))
         .start()
     )
-    query.awaitTermination()
-    elapsed = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SystemExit(f"Structured Streaming query failed: {query.exception()}")
-    return elapsed
+    return finish_query(query, started)
 
 
 # Measurements ----------------------------------------------------------------------------

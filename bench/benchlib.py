@@ -225,3 +225,13 @@ def spark_stages(spark: Any, after: int) -> list[dict[str, Any]]:
 
 def last_stage_id(spark: Any) -> int:
     return max((s["stageId"] for s in spark_stages(spark, -1)), default=-1)
+
+
+def finish_query(query: Any, started: float) -> float:
+    """Wait for a Structured Streaming query (``availableNow``) to end: wall seconds since
+    ``started``; a failed query stops the bench with its error."""
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    if query.exception() is not None:
+        raise SystemExit(f"Structured Streaming query failed: {query.exception()}")
+    return elapsed

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchlib import finish_query
+
 from .queries import HOP_MS, LATENESS_S, WINDOW_MS
 
 Reader = Callable[..., Any]  # reader(kind, timed=False) -> streaming DataFrame
@@ -153,8 +155,4 @@ def run(result: Any, out: str, checkpoint: str) -> float:
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
-    elapsed = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SystemExit(f"Structured Streaming query failed: {query.exception()}")
-    return elapsed
+    return finish_query(query, started)
