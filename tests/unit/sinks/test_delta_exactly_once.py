@@ -17,7 +17,7 @@ from microbatch.checkpoint import Layout
 from microbatch.errors import ConfigError
 from microbatch.runtime.fence import FencedError, LeaseState
 from microbatch.settings import Settings
-from microbatch.sinks import DeltaSink, read_delta_sink
+from microbatch.sinks import DeltaSink, delta_maintenance, read_delta_sink
 from microbatch.sinks.delta import DeltaTarget
 from microbatch.storage import open_store
 
@@ -92,7 +92,7 @@ def test_gc_keeps_the_files_an_optimize_removed_for_older_versions(tmp_path: Pat
 
 
 def test_only_files_an_attempt_staged_count_as_an_attempts() -> None:
-    from microbatch.sinks.delta import staging_attempt
+    from microbatch.sinks.delta_files import staging_attempt
 
     head = "user=a/mb-0123abcd-b00000000000000000007-i00001-0000-"
     assert staging_attempt(f"{head}3f9c0a1b2d4e.parquet") == "3f9c0a1b2d4e"
@@ -151,16 +151,16 @@ def test_microbatch_optimize_stalled_past_its_lease_commits_nothing(
     t = target(table)
     t.publish(0, stage(t, 0, "won", [[{"user": "a", "n": 1}], [{"user": "b", "n": 2}]]))
     version = t.load().version()
-    compact = DeltaTarget._compact
+    compact = delta_maintenance._compact
 
-    def stall_past_the_lease(self: DeltaTarget, *args: Any) -> Any:
-        out = compact(self, *args)
+    def stall_past_the_lease(target: DeltaTarget, *args: Any) -> Any:
+        out = compact(target, *args)
         # Meanwhile the next batch run took the lease over (the optimize froze too long).
         next_run = LeaseState(owner="run-2", epoch=99, acquired_ms=1, expires_ms=2)
         open_store(str(checkpoints)).put(Layout().lease_key, next_run.to_bytes())
         return out
 
-    monkeypatch.setattr(DeltaTarget, "_compact", stall_past_the_lease)
+    monkeypatch.setattr(delta_maintenance, "_compact", stall_past_the_lease)
     with pytest.raises(FencedError, match="before the optimize's commit"):
         cmd_optimize(build_parser().parse_args(["optimize", str(job), "--sink", "out"]), SETTINGS)
     assert t.load().version() == version

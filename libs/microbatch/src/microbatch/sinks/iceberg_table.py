@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from microbatch.settings import Settings
-from microbatch.sinks.delta import app_tag
+from microbatch.sinks.delta_files import app_tag
 from microbatch.sinks.iceberg_catalog import IcebergCatalog
 from microbatch.sinks.iceberg_files import FILE
 from microbatch.sinks.iceberg_history import APP, committed_batch

@@ -30,7 +30,7 @@ import pyarrow as pa
 from microbatch.errors import SinkError
 from microbatch.settings import Settings
 from microbatch.sinks.base import Awaiting
-from microbatch.sinks.delta import app_tag
+from microbatch.sinks.delta_files import app_tag
 from microbatch.sinks.iceberg_commit import commit_snapshot
 from microbatch.sinks.iceberg_expire import vacuum
 from microbatch.sinks.iceberg_files import (
