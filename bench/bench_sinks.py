@@ -11,8 +11,10 @@ four ways, rotated over ``--rounds`` rounds:
   also **copy (sliced)**, the same sent in 50k-row slices as the sink sends them (the
   server inserts one slice while the next is encoded), for a stricter comparison;
 - **upsert (new keys)**: ``PostgresSink(mode="upsert")``'s publish into an empty table
-  (COPY to a temporary table, ``INSERT ... ON CONFLICT DO UPDATE``, the commit row);
-- **upsert (all keys again)**: the same rows as the next batch: every row an update;
+  (one COPY straight into it, the commit row);
+- **upsert (all keys again)**: the same rows as the next batch: every row an update (a
+  sample of the keys is found in the table, so COPY to a temporary table, then
+  ``INSERT ... ON CONFLICT DO UPDATE``);
 - **append**: ``mode="append"``'s publish (COPY into the table, its batch index, the
   commit row).
 

@@ -201,18 +201,26 @@ def test_a_null_key_fails_the_batch_before_it_commits(dsn: str, table: str, tmp_
         s.stage(ctx, [{"user": "a", "clicks": 1}, {"user": None, "clicks": 2}])
 
 
-def test_a_row_the_table_refuses_names_table_column_and_batch(dsn: str, table: str) -> None:
+def test_a_row_the_table_refuses_names_table_column_key_and_batch(dsn: str, table: str) -> None:
     t = target(sink(dsn, table))
-    publish(t, 0, [{"user": "a", "clicks": 1, "last_url": None}])
-    query_ddl = f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (clicks > 0)"
+    publish(t, 0, [{"user": "a", "clicks": 1, "last_url": "/"}])
     with psycopg.connect(dsn) as conn:
-        conn.execute(query_ddl)
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (clicks > 0)")
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN last_url SET NOT NULL")
+    good = [{"user": f"u{i:02}", "clicks": 1, "last_url": "/"} for i in range(40)]
     with pytest.raises(
-        SinkError, match=rf"table public\.{table}\).*batch 1:.*positive.*not published"
+        SinkError,
+        match=rf"table public\.{table}\).*batch 1: the table refuses the row with key "
+        r"\{'user': 'u17'\}: constraint 'positive'.*not published",
     ):
-        publish(t, 1, [{"user": "b", "clicks": -1, "last_url": None}])
-    assert rows(dsn, table) == [("a", 1, None, 0)]  # nothing of batch 1, not even its commit
+        publish(t, 1, good, [{"user": "u17", "clicks": -1, "last_url": "/"}])
+    with pytest.raises(
+        SinkError, match=r"batch 1: .*key \{'user': 'u30'\}: column 'last_url': null value"
+    ):
+        publish(t, 1, good, [{"user": "u30", "clicks": 1, "last_url": None}])
+    assert rows(dsn, table) == [("a", 1, "/", 0)]  # nothing of batch 1, not even its commit
     assert t.last_published() == 0
+    assert query(dsn, f"SELECT to_regclass('{table}_refused')") == [(None,)]
 
 
 def test_a_table_that_does_not_fit_is_refused_naming_the_column(dsn: str, table: str) -> None:
@@ -390,3 +398,105 @@ def test_a_stalled_zombie_publisher_loses_its_transaction_and_writes_nothing(
     assert query(
         dsn, f"SELECT count(*) FROM microbatch_commits WHERE target = 'public.{table}'"
     ) == [(1,)]
+
+
+def refused_rows(dsn: str, table: str) -> list[tuple]:
+    """The refused table's coordinates and errors; the row's JSON parsed back."""
+    got = query(
+        dsn,
+        "SELECT pipeline, sink, batch_id, row_key::text, row_json::text, sqlstate, "
+        f"constraint_name, column_name FROM {table}_refused ORDER BY batch_id, row_key::text",
+    )
+    return [(*r[:4], json.loads(r[4]), *r[5:]) for r in got]
+
+
+def test_refused_rows_go_to_the_refused_table_once_and_the_batch_publishes_the_others(
+    dsn: str, table: str
+) -> None:
+    schema = SCHEMA.set(1, pa.field("clicks", pa.int64(), nullable=False))
+    t = target(sink(dsn, table, schema=schema, on_refused="dead_letter"))
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        t.prepare(conn)
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (clicks > 0)")
+    good = [{"user": f"u{i:03}", "clicks": i + 1, "last_url": None} for i in range(100)]
+    not_null = {"user": "u010", "clicks": None, "last_url": None}  # staging lets it through
+    check = {"user": "u050", "clicks": -5, "last_url": None}
+    nul = {"user": "u099", "clicks": 7, "last_url": "nul\x00byte"}  # text refuses NUL
+    # batch 0: new keys, the straight COPY fails; the refused rows are searched for
+    assert publish(t, 0, good, [not_null, check, nul], end_offsets={"c:0": 10})
+    assert not publish(t, 0, good, [not_null, check, nul])  # a retry writes nothing again
+    written = {user: clicks for user, clicks, _, _ in rows(dsn, table)}
+    assert len(written) == 97 and {"u010", "u050", "u099"}.isdisjoint(written)
+    assert refused_rows(dsn, table) == [
+        ("pipe", "out", 0, '{"user": "u010"}', not_null, "23502", None, "clicks"),
+        ("pipe", "out", 0, '{"user": "u050"}', check, "23514", "positive", None),
+        ("pipe", "out", 0, '{"user": "u099"}', nul, "22021", None, None),
+    ]
+    # batch 1: keys already there (the merge); the refused update keeps the old value
+    publish(t, 1, [{"user": "u001", "clicks": 0, "last_url": "/0"}, good[2] | {"clicks": 9}])
+    written = {user: clicks for user, clicks, _, _ in rows(dsn, table)}
+    assert (written["u001"], written["u002"]) == (2, 9)
+    assert refused_rows(dsn, table)[-1][2:] == (
+        1, '{"user": "u001"}', {"user": "u001", "clicks": 0, "last_url": "/0"}, "23514",
+        "positive", None,
+    )  # fmt: skip
+    commits = query(
+        dsn,
+        "SELECT batch_id, rows, method FROM microbatch_commits "
+        f"WHERE target = 'public.{table}' ORDER BY 1",
+    )
+    assert commits == [(0, 97, "merge"), (1, 1, "merge")]
+
+
+def test_a_backfill_replaces_the_refused_rows_of_the_batches_it_recomputes(
+    dsn: str, table: str
+) -> None:
+    s = sink(dsn, table, on_refused="dead_letter", refused_table=f"{table}_bad")
+    t = target(s)
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        t.prepare(conn)
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (clicks > 0)")
+    b = {"user": "b", "clicks": 1, "last_url": None}
+    publish(t, 0, [{"user": "a", "clicks": -1, "last_url": None}, b], end_offsets={"c:0": 5})
+    assert query(dsn, f"SELECT batch_id, row_key::text FROM {table}_bad") == [(0, '{"user": "a"}')]
+    # a rewind undoes batch 0: its refused row awaits the batch that reads its input again
+    assert t.publish_rewind(1, [0])
+    assert s.awaiting_replacement(Settings.from_env(), []) == {"0": {"c:0": 5}}
+    a = {"user": "a", "clicks": 3, "last_url": None}
+    publish(t, 2, [a, b], end_offsets={"c:0": 5}, supersedes=[0])
+    assert query(dsn, f"SELECT count(*) FROM {table}_bad") == [(0,)]
+    assert rows(dsn, table) == [("a", 3, None, 2), ("b", 1, None, 2)]
+    assert s.awaiting_replacement(Settings.from_env(), []) == {}
+
+
+def test_an_error_no_row_causes_fails_the_batch_even_with_dead_letters(
+    dsn: str, table: str
+) -> None:
+    t = target(sink(dsn, table, on_refused="dead_letter"))
+    publish(t, 0, [{"user": "a", "clicks": 1, "last_url": None}])
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (clicks > 0)")
+        conn.execute(
+            f"CREATE FUNCTION {table}_busy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.clicks = 13 THEN RAISE EXCEPTION 'busy' USING ERRCODE = '55P03'; END IF; "
+            "RETURN NEW; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER busy BEFORE INSERT OR UPDATE ON {table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {table}_busy()"
+        )
+    batch = [
+        {"user": "b", "clicks": 13, "last_url": None},  # the trigger fails: lock_not_available
+        {"user": "c", "clicks": -1, "last_url": None},  # refused: the CHECK
+        {"user": "d", "clicks": 4, "last_url": None},
+    ]
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        publish(t, 1, batch)
+    assert rows(dsn, table) == [("a", 1, None, 0)] and t.last_published() == 0
+    assert query(dsn, f"SELECT count(*) FROM {table}_refused") == [(0,)]
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f"DROP TRIGGER busy ON {table}")
+    assert publish(t, 1, batch)  # the retry publishes the batch, its refused row once
+    assert not publish(t, 1, batch)
+    assert [r[0] for r in rows(dsn, table)] == ["a", "b", "d"]
+    assert [r[2:4] for r in refused_rows(dsn, table)] == [(1, '{"user": "c"}')]

@@ -18,6 +18,10 @@ also fails before the commit. Nothing is in the database yet.
    straight into the table when none of its keys is there yet (a savepoint: a key already
    there undoes the COPY), else into a temporary table, then ``INSERT ... ON CONFLICT
    (key) DO UPDATE``; a batch that needed the merge sends the next one straight to it;
+   a row the table refuses (SQLSTATE class 22/23) undoes the bulk write (a savepoint);
+   :mod:`microbatch.sinks.postgres_refused` then finds the refused rows, which fail the
+   batch naming their key or, with ``on_refused="dead_letter"``, go to the refused
+   table while the other rows are written;
 5. inserts the batch's row into ``microbatch_commits`` and commits.
 
 A reader sees a batch entirely or not at all. A crash or a lost connection anywhere rolls
@@ -51,7 +55,16 @@ from microbatch.sinks.base import (
     rows_to_table,
 )
 from microbatch.sinks.parquet import encode_parquet
-from microbatch.sinks.postgres_rows import concat, csv_bytes, last_per_key
+from microbatch.sinks.postgres_refused import (
+    REFUSAL_MODES,
+    Refusal,
+    find_refused,
+    is_refusal,
+    record_refused,
+    refused_table_name,
+    refused_table_statements,
+)
+from microbatch.sinks.postgres_rows import concat, last_per_key
 from microbatch.sinks.postgres_schema import (
     BATCH_COLUMN,
     Column,
@@ -63,6 +76,7 @@ from microbatch.sinks.postgres_schema import (
     qualified,
     quote,
 )
+from microbatch.sinks.postgres_write import TableWriter
 from microbatch.validation import check_name
 
 __all__ = ["COMMITS_TABLE", "MODES", "PostgresSink", "PostgresTarget"]
@@ -71,8 +85,6 @@ MODES = ("upsert", "append")
 #: One row per published batch or rewind, in the schema of the table it writes.
 COMMITS_TABLE = "microbatch_commits"
 _CONNECT_TIMEOUT_S = 10
-#: Rows per CSV slice sent to COPY.
-COPY_SLICE_ROWS = 50_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +97,12 @@ class PostgresSink(Sink):
     columns, from which the table is created when missing. ``dsn`` is a libpq connection
     string or URI; empty, the setting ``MICROBATCH_POSTGRES_DSN`` (masked in logs; from
     Airflow, the ``microbatch_postgres`` connection).
+
+    A row the table refuses at publish (a CHECK or NOT NULL constraint, a value out of
+    range) fails the batch naming table, column or constraint and the row's key
+    (``on_refused="fail"``), or (``"dead_letter"``) goes with its coordinates and
+    PostgreSQL's error to ``refused_table`` (default ``<table>_refused``), in the batch's
+    transaction, while the batch's other rows are published.
     """
 
     name: str
@@ -97,6 +115,8 @@ class PostgresSink(Sink):
     #: ends the session and rolls back), so a frozen zombie holding the table's lock
     #: delays the next run's publish by at most this long.
     stall_timeout_s: float = 60.0
+    on_refused: str = "fail"
+    refused_table: str = ""
 
     retractable = True
 
@@ -123,6 +143,18 @@ class PostgresSink(Sink):
         if not self.stall_timeout_s > 0:
             raise ConfigError(f"sink {self.name!r}: stall_timeout_s must be > 0 seconds")
         check_declared(self.name, self.schema, self.key, self.mode)
+        if self.on_refused not in REFUSAL_MODES:
+            raise ConfigError(
+                f"sink {self.name!r}: on_refused={self.on_refused!r}; use one of "
+                f"{', '.join(REFUSAL_MODES)}"
+            )
+        if self.refused_table:
+            if self.on_refused != "dead_letter":
+                raise ConfigError(
+                    f"sink {self.name!r}: refused_table is where on_refused='dead_letter' "
+                    "puts refused rows; set on_refused='dead_letter' or drop refused_table"
+                )
+            TableName.parse(self.name, self.refused_table)
 
     def target(self, settings: Settings | None, pipeline: str) -> PostgresTarget:
         return PostgresTarget(self, pipeline, settings or Settings.from_env())
@@ -134,6 +166,8 @@ class PostgresSink(Sink):
         if table.num_rows == 0:
             return None
         target = self.target(ctx.settings, ctx.pipeline)
+        if target.dead_letters:
+            table = concat([table], target.rows_schema)
         target.check_rows(table, ctx.batch_id)
         with target.connect() as conn, conn.transaction():
             target.prepare(conn)  # a table that does not fit fails before the commit
@@ -152,7 +186,7 @@ class PostgresSink(Sink):
         self.target(ctx.settings, ctx.pipeline).publish_rewind(ctx.batch_id, undone)
 
     def awaiting_replacement(self, settings: Settings, undone: Sequence[int]) -> Awaiting:
-        if self.mode == "upsert":
+        if self.mode == "upsert" and self.on_refused == "fail":
             return {}  # replayed batches overwrite their keys' rows; nothing to remove
         return self.target(settings, "").awaiting_replacement(undone)
 
@@ -177,6 +211,15 @@ class PostgresTarget:
         self.dsn = sink.dsn or settings.postgres_dsn
         self.name = TableName.parse(sink.name, sink.table)
         self.commits = f"{quote(self.name.schema)}.{quote(COMMITS_TABLE)}"
+        self.dead_letters = sink.on_refused == "dead_letter"
+        self.refused = refused_table_name(self.name, sink.refused_table)
+        #: The rows' schema on their way: with dead letters, a NULL in a NOT NULL column
+        #: travels to publish, where the table refuses its row.
+        self.rows_schema = pa.schema(
+            [f.with_nullable(True) if f.name not in sink.key else f for f in sink.schema]
+            if self.dead_letters
+            else sink.schema
+        )
         owner = f"pipeline {pipeline!r} " if pipeline else ""
         self.where = f"{owner}sink {sink.name!r} (PostgreSQL table {self.name})"
         if not self.dsn:
@@ -249,6 +292,9 @@ class PostgresTarget:
                     f"ALTER TABLE {qualified(self.name)} ADD COLUMN IF NOT EXISTS "
                     f"{quote(field.name)} {pg_type(self.sink.name, field)}"
                 )
+        if self.dead_letters and not self._exists(conn, qualified(self.refused)):
+            for statement in refused_table_statements(self.refused):
+                conn.execute(statement)
         if self.pipeline:
             self._check_owner(conn)
 
@@ -297,9 +343,11 @@ class PostgresTarget:
         ).fetchall()
 
     def _has_commits_table(self, conn: Any) -> bool:
-        found = conn.execute(
-            "SELECT to_regclass(%s)", (f"{quote(self.name.schema)}.{quote(COMMITS_TABLE)}",)
-        ).fetchone()
+        return self._exists(conn, self.commits)
+
+    @staticmethod
+    def _exists(conn: Any, qualified_name: str) -> bool:
+        found = conn.execute("SELECT to_regclass(%s)", (qualified_name,)).fetchone()
         return found is not None and found[0] is not None
 
     def last_published(self) -> int | None:
@@ -322,26 +370,43 @@ class PostgresTarget:
             return [int(r[0]) for r in self._history(conn) if r[2] == "batch"]
 
     def awaiting_replacement(self, undone: Sequence[int]) -> Awaiting:
-        """Undone batches (``undone`` and those earlier rewinds undid) whose rows are still
-        in the table → their end offsets."""
+        """Undone batches (``undone`` and those earlier rewinds undid) whose rows (append
+        mode) or refused rows are still in the tables → their end offsets."""
         with self.connect() as conn:
             history = self._history(conn)
-        undone_all = set(undone)
-        replaced: set[int] = set()
-        for _, _, _, _, _, supersedes, undoes in history:
-            undone_all.update(undoes)
-            replaced.update(supersedes)
+            undone_all = set(undone)
+            replaced: set[int] = set()
+            for _, _, _, _, _, supersedes, undoes in history:
+                undone_all.update(undoes)
+                replaced.update(supersedes)
+            with_refused = self._batches_with_refused(conn, sorted(undone_all - replaced))
+        append = self.sink.mode == "append"
         return {
             str(batch): dict(ends or {})
             for batch, _, kind, rows, ends, _, _ in history
-            if kind == "batch" and rows > 0 and batch in undone_all and batch not in replaced
+            if kind == "batch"
+            and batch in undone_all
+            and batch not in replaced
+            and ((append and rows > 0) or batch in with_refused)
         }
+
+    def _batches_with_refused(self, conn: Any, batches: Sequence[int]) -> set[int]:
+        if not (batches and self.dead_letters and self._exists(conn, qualified(self.refused))):
+            return set()
+        found = conn.execute(
+            f"SELECT DISTINCT batch_id FROM {qualified(self.refused)} "
+            "WHERE sink = %s AND batch_id = ANY(%s)",
+            (self.sink.name, list(batches)),
+        ).fetchall()
+        return {int(b) for (b,) in found}
 
     # Writing ---------------------------------------------------------------------------
     def check_rows(self, table: pa.Table, batch_id: int) -> None:
-        """NULLs where the table cannot hold them fail the batch before it commits."""
+        """NULLs where the table cannot hold them fail the batch before it commits (but
+        for a non-key column with ``on_refused="dead_letter"``: the table refuses the row
+        at publish, and it goes to the refused table)."""
         for field in self.sink.schema:
-            if field.nullable and field.name not in self.sink.key:
+            if field.name not in self.sink.key and (field.nullable or self.dead_letters):
                 continue
             col = table.column(field.name)
             if col.null_count:
@@ -362,28 +427,45 @@ class PostgresTarget:
     ) -> bool:
         """Publish batch ``batch_id`` in one transaction; False if it already was (or has
         nothing to show: an idle batch needs no database)."""
-        rows = concat(tables, self.sink.schema)
+        rows = concat(tables, self.rows_schema)
         if rows.num_rows == 0 and not supersedes:
             return False
         if self.sink.mode == "upsert":
             rows = last_per_key(rows, self.sink.key)
         with self.connect() as conn, conn.transaction():
+            # deferred constraints too are checked per statement, where a refused row
+            # can still be told from the others (at COMMIT it could only fail the batch)
+            conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
             self.prepare(conn)
             if self._is_committed(conn, batch_id):
                 return False
-            if supersedes and self.sink.mode == "append":
-                conn.execute(
-                    f"DELETE FROM {qualified(self.name)} WHERE {quote(BATCH_COLUMN)} = ANY(%s)",
-                    (list(supersedes),),
-                )
-            method = self._write(conn, rows, batch_id) if rows.num_rows else None
-            self._record(
-                conn, batch_id, "batch", rows.num_rows, end_offsets, supersedes, (), method
-            )
+            self._remove_superseded(conn, supersedes)
+            method, refused = self._write(conn, rows, batch_id) if rows.num_rows else (None, [])
+            coordinates = (self.pipeline, self.sink.name, batch_id)
+            record_refused(conn, self.refused, coordinates, self.sink.key, rows, refused)
+            written = rows.num_rows - len(refused)
+            self._record(conn, batch_id, "batch", written, end_offsets, supersedes, (), method)
             from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
 
             pause_if("in_postgres_transaction", f"{self.where} batch {batch_id}")
         return True
+
+    def _remove_superseded(self, conn: Any, supersedes: Sequence[int]) -> None:
+        """A backfill: the rows (append mode) and refused rows of the undone batches this
+        one read the input of again go, in its transaction."""
+        if not supersedes:
+            return
+        if self.sink.mode == "append":
+            conn.execute(
+                f"DELETE FROM {qualified(self.name)} WHERE {quote(BATCH_COLUMN)} = ANY(%s)",
+                (list(supersedes),),
+            )
+        if self.dead_letters:
+            conn.execute(
+                f"DELETE FROM {qualified(self.refused)} WHERE pipeline = %s AND sink = %s "
+                "AND batch_id = ANY(%s)",
+                (self.pipeline, self.sink.name, list(supersedes)),
+            )
 
     def publish_rewind(self, batch_id: int, undone: Sequence[int]) -> bool:
         """Record that checkpoint ``batch_id`` undoes ``undone``: their rows stay until the
@@ -433,54 +515,51 @@ class PostgresTarget:
             ),
         )
 
-    def _write(self, conn: Any, rows: pa.Table, batch_id: int) -> str:
-        """Write the batch's rows; how (``copy``: straight into the table, ``merge``:
-        through a temporary table and ``ON CONFLICT``) is recorded with the batch."""
+    def _write(self, conn: Any, rows: pa.Table, batch_id: int) -> tuple[str, list[Refusal]]:
+        """Write the batch's rows in bulk; how (``copy``: straight into the table,
+        ``merge``: through a temporary table and ``ON CONFLICT``) is recorded with the
+        batch. A row the table refuses undoes the bulk write; then the refused rows are
+        found, and fail the batch or (``on_refused="dead_letter"``) come back, the
+        other rows written."""
         import psycopg
 
-        names = [*rows.column_names, BATCH_COLUMN]
-        cols = ", ".join(quote(n) for n in names)
         batch_column = pa.repeat(pa.scalar(batch_id, pa.int64()), len(rows))
         rows = rows.append_column(BATCH_COLUMN, batch_column)
-
-        def copy_into(table: str) -> str:
-            return f"COPY {table} ({cols}) FROM STDIN (FORMAT csv)"
-
+        writer = TableWriter(conn, self.sink.name, self.name, self.sink.schema, self.sink.key)
         try:
-            if self.sink.mode == "append":
-                self._copy(conn, copy_into(qualified(self.name)), rows)
-                return "copy"
-            if self._last_method(conn) != "merge":
-                # Keys the table does not have yet (events with ids, a first load): a plain
-                # COPY is ~2x faster than a merge. A key already there rolls it back.
-                try:
-                    with conn.transaction():
-                        self._copy(conn, copy_into(qualified(self.name)), rows)
-                    return "copy"
-                except psycopg.errors.UniqueViolation:
-                    pass
-            stage = quote(f"mb_stage_{self.sink.name}")
-            conn.execute(f"CREATE TEMP TABLE {stage} (LIKE {qualified(self.name)}) ON COMMIT DROP")
-            self._copy(conn, copy_into(stage), rows)
-            keys = ", ".join(quote(k) for k in self.sink.key)
-            updates = ", ".join(
-                f"{quote(n)} = EXCLUDED.{quote(n)}" for n in names if n not in self.sink.key
-            )
-            conn.execute(
-                f"INSERT INTO {qualified(self.name)} ({cols}) SELECT {cols} FROM {stage} "
-                f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
-            )
-            return "merge"
-        except (psycopg.DataError, psycopg.IntegrityError) as e:  # a type, NOT NULL, CHECK
-            raise self._row_error(batch_id, e) from e
+            with conn.transaction():  # a savepoint: a refused row undoes this write only
+                return self._write_bulk(conn, writer, rows), []
+        except psycopg.Error as e:
+            if not is_refusal(e):
+                raise
+            first_error = e
+        if self.sink.mode == "append":
+            method, write_piece = "copy", writer.copy
+        else:
+            writer.create_stage()
+            method, write_piece = "merge", writer.merge_piece
+        refused = find_refused(conn, rows, write_piece, first_error, not self.dead_letters)
+        if refused and not self.dead_letters:
+            raise self._row_error(batch_id, rows, refused[0])
+        return method, refused
 
-    @staticmethod
-    def _copy(conn: Any, statement: str, rows: pa.Table) -> None:
-        """COPY ``rows`` in slices: the server inserts one while the next is encoded (two
-        processes: ~25% less time than encoding everything first)."""
-        with conn.cursor().copy(statement) as copy:
-            for batch in rows.to_batches(max_chunksize=COPY_SLICE_ROWS):
-                copy.write(csv_bytes(pa.Table.from_batches([batch])))
+    def _write_bulk(self, conn: Any, writer: TableWriter, rows: pa.Table) -> str:
+        import psycopg
+
+        if self.sink.mode == "append":
+            writer.copy(rows)
+            return "copy"
+        if self._last_method(conn) != "merge" and not writer.keys_present(rows):
+            # Keys the table does not have yet (events with ids, a first load): a plain
+            # COPY is ~2x faster than a merge. A key already there rolls it back.
+            try:
+                with conn.transaction():
+                    writer.copy(rows)
+                return "copy"
+            except psycopg.errors.UniqueViolation:
+                pass
+        writer.merge(rows)
+        return "merge"
 
     def _last_method(self, conn: Any) -> str | None:
         """How the previous batch was written: a merge predicts keys seen again."""
@@ -491,13 +570,16 @@ class PostgresTarget:
         ).fetchone()
         return None if row is None else row[0]
 
-    def _row_error(self, batch_id: int, e: Any) -> SinkError:
-        diag = e.diag
-        column = f" column {diag.column_name!r}," if diag.column_name else ""
-        detail = f" {diag.message_detail}" if diag.message_detail else ""
-        context = f" ({diag.context.strip()})" if diag.context else ""
+    def _row_error(self, batch_id: int, rows: pa.Table, refusal: Refusal) -> SinkError:
+        row = rows.drop_columns([BATCH_COLUMN]).slice(refusal.index, 1).to_pylist()[0]
+        which = (
+            f"the row with key { ({k: row[k] for k in self.sink.key})!r:.300}"
+            if self.sink.key
+            else f"the row {row!r:.300}"
+        )
         return SinkError(
-            f"{self.where}: batch {batch_id}:{column} {diag.message_primary}{context}.{detail}"
+            f"{self.where}: batch {batch_id}: the table refuses {which}: {refusal.reason()}"
             " The batch is committed but not published; fix the table or the pipeline's "
-            "output, then run again."
+            "output, then run again (or give the sink on_refused='dead_letter' to set such "
+            "rows aside and publish the others)."
         )
