@@ -75,14 +75,7 @@ from typing import Any
 from benchlib import RssSampler, load, print_table, tree_cpu_seconds
 
 from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest, latest_manifest
-from microbatch.checkpoint.runstate import (
-    Loaded,
-    instance_runs,
-    iter_entries,
-    load_due_timers,
-    load_keys,
-    run_keys,
-)
+from microbatch.checkpoint.restore import instance_runs
 from microbatch.checkpoint.writer import build_manifest, commit_manifest
 from microbatch.keygroups import encode_key, key_group_of_bytes, key_group_range
 from microbatch.localstack import KafkaBroker, SeaweedFS
@@ -102,10 +95,12 @@ from microbatch.runtime.records import BatchRecord
 from microbatch.settings import Settings
 from microbatch.spark import spark_session
 from microbatch.state import KeyedStateBackend
-from microbatch.state.blockcache import BlockCache, RunRef, lookup
-from microbatch.state.bundle import decode_bundle, encode_bundle, state_key, timer_key
 from microbatch.state.codec import decode_value, encode_value
-from microbatch.state.runs import encode_run
+from microbatch.state.engine import BlockCache, Loaded, RunRef, load_due_timers, load_keys
+from microbatch.state.engine.blockcache import lookup
+from microbatch.state.engine.bundle import decode_bundle, encode_bundle, state_key, timer_key
+from microbatch.state.engine.instance import iter_entries, run_keys
+from microbatch.state.engine.runs import encode_run
 from microbatch.storage import ObjectStore, open_store
 from microbatch.storage.counting import CountingStore
 

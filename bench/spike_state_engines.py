@@ -2,8 +2,10 @@
 
 Today every batch restores an instance's whole state into Python dicts and rewrites it, so
 a batch costs the total state. The target layer makes a batch cost what it touches. This
-script measures three candidate engines and today's layer on the same data, in one run,
-against a SeaweedFS it starts on free loopback ports (``--local``: a temporary folder):
+script measures three candidate engines on the same data, in one run, against a SeaweedFS
+it starts on free loopback ports (``--local``: a temporary folder). The spike also measured
+"today's layer" (format 1: whole state files per instance); that layer's writer is retired,
+so its phases are gone and its numbers in docs/state.md are history:
 
 - ``rocksdict`` (RocksDB): SSTs built with ``SstFileWriter`` + ingest; checkpoints à la
   Flink (upload the SSTs a RocksDB checkpoint has that S3 lacks, plus MANIFEST/OPTIONS);
@@ -20,7 +22,7 @@ dict encoded with :func:`microbatch.state.codec.encode_value`. Each phase runs i
 process so cold reads are really cold and the peak RSS is the phase's own.
 
     .venv/bin/python bench/spike_state_engines.py [--keys 2000000] [--local]
-        [--only today,arrow-runs,rocksdict,slatedb] [--blocks 65536,4096,1536]
+        [--only arrow-runs,rocksdict,slatedb] [--blocks 65536,4096,1536]
         [--rounds 8] [--max-gap 4096]
 
 The runs recorded in docs/state.md: the default; ``--keys 10000000 --only
@@ -829,77 +831,6 @@ async def _slate_gets(reader: Any, keys: Sequence[bytes]) -> dict[bytes, bytes]:
     return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
 
-# --- today's layer ----------------------------------------------------------------------
-def today_build(args: argparse.Namespace) -> dict[str, Any]:
-    """A full checkpoint of N keys at P=2, then a batch changing BATCH random keys."""
-    from microbatch.checkpoint import Layout, checkpoint
-    from microbatch.checkpoint.restore import empty_backends, plan_reads
-    from microbatch.keygroups import operator_index
-
-    res: dict[str, Any] = {}
-    store = open_store(args, "today")
-    layout = Layout("today/")
-    backends = empty_backends(MAXP, 2)
-    t = time.monotonic()
-    keys, values = all_entries(args.keys)
-    for k, v in zip(keys, values, strict=True):
-        kg = int.from_bytes(k[:2], "big")
-        table = backends[operator_index(kg, MAXP, 2)].table(kg, "profile", create=True)
-        assert table is not None
-        table[k[2:]] = (v, None)
-    for b in backends:
-        b.kinds["profile"] = "value"
-        b.dirty.update(b.groups)
-    del keys, values
-    res["gen_s"] = time.monotonic() - t
-    t = time.monotonic()
-    full = checkpoint(store, layout, backends, 1, base=None, pipeline_fingerprint="spike")
-    res["build_s"] = time.monotonic() - t
-    res["total"] = full.total_bytes
-    ch = changes(args.keys, 1)
-    for k, v in ch:
-        kg = int.from_bytes(k[:2], "big")
-        backends[operator_index(kg, MAXP, 2)].table(kg, "profile")[k[2:]] = (v, None)
-        backends[operator_index(kg, MAXP, 2)].dirty.add(kg)
-    store.reset()
-    t = time.monotonic()
-    checkpoint(store, layout, backends, 2, base=full, pipeline_fingerprint="spike")
-    res["inc_s"] = time.monotonic() - t
-    res["inc_written_round1"] = store.bytes_written
-    res["changed_bytes_round"] = sum(len(k) + len(v) for k, v in ch)
-    own = key_group_range(MAXP, *RESCALE)
-    res["clip_bytes"] = sum(r.length for r in plan_reads(full, own))
-    return res
-
-
-def today_read(args: argparse.Namespace) -> dict[str, Any]:
-    """Restore one instance of P=1 (the whole state) and read the batch's keys."""
-    from microbatch.checkpoint import Layout, load_manifest, restore_instance
-
-    res: dict[str, Any] = {}
-    store = open_store(args, "today")
-    manifest = load_manifest(store, Layout("today/"), 2)
-    ns = read_sample(args.keys, BATCH, 1)
-    want = expected(args.keys, ns, 1)
-    store.reset()
-    t = time.monotonic()
-    backend, _ = restore_instance(store, manifest, 1, 0)
-    got = {}
-    for k in sorted(want):
-        kg = int.from_bytes(k[:2], "big")
-        got[k] = backend.groups[kg]["profile"][k[2:]][0]
-    res["cold_s_b"] = time.monotonic() - t
-    res["cold_bytes_b"] = store.bytes_read
-    res["cold_requests_b"] = store.requests["get"] + store.requests["get_range"]
-    assert got == want
-    t = time.monotonic()
-    for k in sorted(want):
-        backend.for_key(k[2:].decode()[1:]).value("profile").get()
-    res["warm_s_b"] = time.monotonic() - t
-    res["rss_mb"] = peak_rss_mb()
-    return res
-
-
 PHASES = {
     "arrow-build": arrow_build,
     "arrow-read": arrow_read,
@@ -908,8 +839,6 @@ PHASES = {
     "slate-build": slate_build,
     "slate-write": slate_write,
     "slate-read": slate_read,
-    "today-build": today_build,
-    "today-read": today_read,
 }
 
 
@@ -974,19 +903,6 @@ def run_all(args: argparse.Namespace, runner: Runner) -> list[tuple[str, str, st
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.0f} ms"
 
-    if "today" in only:
-        b, r = runner.phase("today-build"), runner.phase("today-read")
-        if "error" not in b and "error" not in r:
-            add("today: total state", f"{b['total'] / 1e6:.1f} MB", f"build {b['build_s']:.1f}s")
-            note = cold_note(r["cold_bytes_b"], b["total"], r["cold_requests_b"])
-            add("today: cold read 10k keys (restore all)", f"{r['cold_s_b']:.2f}s", note)
-            add("today: warm read 10k keys", ms(r["warm_s_b"]), "in-memory dicts")
-            note = f"{b['inc_written_round1'] / 1e6:.1f} MB for 10k changes, {b['inc_s']:.1f}s"
-            value = ratio(b["inc_written_round1"], b["changed_bytes_round"])
-            add("today: write / changed (1 round)", value, note)
-            value = ratio(b["clip_bytes"], b["total"] * frac)
-            add("today: rescale 2→3 read / share", value, "key-group byte ranges")
-            add("today: peak RSS (restore + read)", f"{r['rss_mb']:.0f} MB", "fresh process")
     if "arrow-runs" in only:
         b = runner.phase("arrow-build")
         for block in args.blocks:
@@ -1072,7 +988,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", type=int, default=2_000_000)
     parser.add_argument("--local", action="store_true", help="local folder instead of S3")
-    parser.add_argument("--only", default="today,arrow-runs,rocksdict,slatedb")
+    parser.add_argument("--only", default="arrow-runs,rocksdict,slatedb")
     parser.add_argument(
         "--blocks", default="65536,4096,1536", help="arrow-runs block sizes, compressed bytes"
     )

@@ -1,5 +1,6 @@
-"""Checkpoints end to end on both backends: commit, conflicts, incremental, rescale,
-TTL, timers, GC, reshard and corruption."""
+"""Checkpoints end to end on both backends: commit, conflicts, rescale, TTL, timers, GC,
+reshard, inspection and corruption — of sorted runs (what microbatch writes) and of
+format-1 checkpoints (read for the one-way migration; written by ``tests/format1.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 import pytest
 
 from microbatch.checkpoint import (
+    InstanceSnapshot,
     Layout,
     build_manifest,
     checkpoint,
@@ -20,16 +22,18 @@ from microbatch.checkpoint import (
     read_key_state,
     reshard,
     restore_instance,
-    write_instance,
+    write_instance_run,
 )
 from microbatch.checkpoint.restore import empty_backends
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import encode_key, key_group, key_group_range, operator_index
 from microbatch.storage.counting import CountingStore
+from tests import format1
 
 MAXP = 16
 LAYOUT = Layout("pipe/")
 KEYS = range(400)
+FORMATS = ("runs", "format1")
 
 
 def expected(k: int) -> dict:
@@ -57,40 +61,59 @@ def state_of(backends, key):
     return route(backends, key).backend.describe_key(key)
 
 
-def first_checkpoint(store, p=2):
+def write(store, backends, cid, base=None, fmt="runs", metadata=None):
+    """Checkpoint ``cid`` of ``backends`` as microbatch writes it, or in format 1."""
+    if fmt == "format1":
+        return format1.write_checkpoint(store, LAYOUT, backends, cid, base=base, metadata=metadata)
+    return checkpoint(
+        store, LAYOUT, backends, cid, base=base, pipeline_fingerprint="fp", metadata=metadata
+    )
+
+
+def first_checkpoint(store, p=2, fmt="runs"):
     backends = empty_backends(MAXP, p)
     populate(backends)
-    m = checkpoint(
-        store,
-        LAYOUT,
-        backends,
-        1,
-        base=None,
-        pipeline_fingerprint="fp",
-        metadata={"offsets": {"clicks": {"0": 42}}},
-    )
+    m = write(store, backends, 1, fmt=fmt, metadata={"offsets": {"clicks": {"0": 42}}})
     return backends, m
 
 
-def test_commit_writes_one_file_per_instance_plus_manifest(store: CountingStore):
+def run_snapshots(store, backends, cid) -> list[InstanceSnapshot]:
+    return [write_instance_run(store, LAYOUT, b, cid, i) for i, b in enumerate(backends)]
+
+
+def test_commit_writes_one_run_per_instance_plus_manifest(store: CountingStore):
     _, m = first_checkpoint(store)
-    assert store.requests["put"] == 2 and store.requests["create"] == 1
+    assert store.requests["put"] == 4 and store.requests["create"] == 1  # data + index each
     assert list_checkpoints(store, LAYOUT) == [1]
     loaded = latest_manifest(store, LAYOUT)
     assert loaded == m and loaded.metadata == {"offsets": {"clicks": {"0": 42}}}
-    assert m.total_keys == len(KEYS) and len(m.files()) == 2
+    assert m.format_version == 2 and m.total_keys == len(KEYS) and len(m.files()) == 4
 
 
 def test_second_commit_of_same_id_is_refused_as_already_committed(store):
     backends, _ = first_checkpoint(store)
-    snaps = [
-        write_instance(store, LAYOUT, b, 1, i, None, full=True) for i, b in enumerate(backends)
-    ]
+    snaps = run_snapshots(store, backends, 1)
     m = build_manifest(
         1, snaps, max_parallelism=MAXP, pipeline_fingerprint="fp", base=None, full=True
     )
     with pytest.raises(CheckpointError, match="checkpoint 1 is already committed"):
         commit_manifest(store, LAYOUT, m)
+
+
+def test_an_instance_without_runs_is_refused_since_format_1_is_no_longer_written(store):
+    backends = empty_backends(MAXP, 1)
+    populate(backends, keys=range(10))
+    own = backends[0].key_groups
+    state_file_snapshot = InstanceSnapshot(0, own, dict.fromkeys(own), frozenset(own), None, 0)
+    with pytest.raises(CheckpointError, match=r"instance\(s\) \[0\] returned no sorted runs"):
+        build_manifest(
+            1,
+            [state_file_snapshot],
+            max_parallelism=MAXP,
+            pipeline_fingerprint="fp",
+            base=None,
+            full=True,
+        )
 
 
 def test_racing_commits_of_one_id_exactly_one_wins_and_loser_files_are_gc_garbage(store):
@@ -101,10 +124,7 @@ def test_racing_commits_of_one_id_exactly_one_wins_and_loser_files_are_gc_garbag
     barrier = threading.Barrier(2)
 
     def run(n):
-        snaps = [
-            write_instance(store, LAYOUT, b, 1, i, None, full=True)
-            for i, b in enumerate(writers[n])
-        ]
+        snaps = run_snapshots(store, writers[n], 1)
         m = build_manifest(
             1, snaps, max_parallelism=MAXP, pipeline_fingerprint="fp", base=None, full=True
         )
@@ -125,52 +145,16 @@ def test_racing_commits_of_one_id_exactly_one_wins_and_loser_files_are_gc_garbag
     assert len(winners) == 1 and len(losers) == 1
     assert "already committed" in str(losers[0])
     assert load_manifest(store, LAYOUT, 1) == winners[0]
-    assert len(store.list(LAYOUT.state)) == 4
+    assert len(store.list(LAYOUT.state)) == 8
     gc = collect_garbage(store, LAYOUT, keep_last=1)
     assert set(store.list(LAYOUT.state)) == winners[0].files()
-    assert len(gc.deleted_files) == 2
+    assert len(gc.deleted_files) == 4
 
 
-def test_incremental_checkpoint_rewrites_only_changed_key_groups(store):
-    backends, m1 = first_checkpoint(store)
-    changed_key = 7
-    route(backends, changed_key).value("count").set(-1)
-    kg = key_group(changed_key, MAXP)
-    store.reset()
-    m2 = checkpoint(store, LAYOUT, backends, 2, base=m1, pipeline_fingerprint="fp")
-    assert store.requests["put"] == 1  # only the instance with a change wrote a file
-    for g in range(MAXP):
-        if g == kg:
-            assert m2.key_groups[g].checkpoint_id == 2
-        else:
-            assert m2.key_groups[g] == m1.key_groups[g]
-    assert store.bytes_written < m1.total_bytes / 4
-    restored = restore_all(store, m2, 2)
-    assert state_of(restored, changed_key)["count"] == -1
-    assert state_of(restored, 8) == expected(8)
-
-
-def test_periodic_full_rewrite_bounds_the_chain(store):
-    backends, m = first_checkpoint(store)
-    for cid in range(2, 5):
-        route(backends, cid).value("count").set(cid)
-        m = checkpoint(
-            store, LAYOUT, backends, cid, base=m, pipeline_fingerprint="fp", full_every=3
-        )
-    assert m.full_checkpoint_id == 4
-    assert {e.checkpoint_id for e in m.key_groups if e} == {4}
-
-
-def test_nothing_changed_writes_only_the_manifest(store):
-    backends, m1 = first_checkpoint(store)
-    store.reset()
-    m2 = checkpoint(store, LAYOUT, backends, 2, base=m1, pipeline_fingerprint="fp")
-    assert store.requests["put"] == 0 and store.requests["create"] == 1
-    assert m2.key_groups == m1.key_groups
-
-
-def test_restore_from_p2_at_p3_gives_every_key_its_state_reading_only_own_bytes(store):
-    _, m = first_checkpoint(store, p=2)
+def test_restore_format_1_from_p2_at_p3_gives_every_key_its_state_reading_only_own_bytes(
+    store,
+):
+    _, m = first_checkpoint(store, p=2, fmt="format1")
     total_read = 0
     for i in range(3):
         store.reset()
@@ -187,8 +171,20 @@ def test_restore_from_p2_at_p3_gives_every_key_its_state_reading_only_own_bytes(
     assert total_read == m.total_bytes
 
 
-def test_rescale_down_and_checkpoint_again_keeps_all_state(store):
-    _, m1 = first_checkpoint(store, p=2)
+def test_restore_runs_from_p2_at_p3_gives_every_key_its_state(store):
+    _, m = first_checkpoint(store, p=2)
+    for i in range(3):
+        backend, _ = restore_instance(store, m, 3, i)
+        own = key_group_range(MAXP, 3, i)
+        for k in KEYS:
+            if key_group(k, MAXP) in own:
+                assert backend.describe_key(k) == expected(k)
+        assert backend.keys() == {encode_key(k) for k in KEYS if key_group(k, MAXP) in own}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rescale_down_and_checkpoint_again_keeps_all_state(store, fmt):
+    _, m1 = first_checkpoint(store, p=2, fmt=fmt)
     one = restore_all(store, m1, 1)
     route(one, 3).list("events").add(99)
     m2 = checkpoint(store, LAYOUT, one, 2, base=m1, pipeline_fingerprint="fp")
@@ -197,25 +193,27 @@ def test_rescale_down_and_checkpoint_again_keeps_all_state(store):
     assert all(state_of(four, k) == expected(k) for k in KEYS if k != 3)
 
 
-def test_ttl_expired_state_is_dropped_at_checkpoint_and_not_restored(store):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ttl_expired_state_is_dropped_at_checkpoint_and_not_restored(store, fmt):
     now = [1000.0]
     backends = empty_backends(MAXP, 2, clock=lambda: now[0])
     route(backends, "short").value("v", ttl=5).set(1)
     route(backends, "long").value("v", ttl=500).set(2)
-    m1 = checkpoint(store, LAYOUT, backends, 1, base=None, pipeline_fingerprint="fp")
+    m1 = write(store, backends, 1, fmt=fmt)
     now[0] += 10
-    m2 = checkpoint(store, LAYOUT, backends, 2, base=m1, pipeline_fingerprint="fp")
+    m2 = write(store, backends, 2, base=m1, fmt=fmt)
     assert m2.total_keys == 1
     restored = [restore_instance(store, m2, 2, i, clock=lambda: now[0])[0] for i in range(2)]
     assert state_of(restored, "short") == {}
     assert state_of(restored, "long") == {"v": 2}
 
 
-def test_timers_survive_a_rescale_and_fire_in_order(store):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_timers_survive_a_rescale_and_fire_in_order(store, fmt):
     backends = empty_backends(MAXP, 2)
     for k, ts in [("a", 30), ("b", 10), ("c", 20), ("d", 99)]:
         route(backends, k).register_timer(ts)
-    m = checkpoint(store, LAYOUT, backends, 1, base=None, pipeline_fingerprint="fp")
+    m = write(store, backends, 1, fmt=fmt)
     restored = restore_all(store, m, 3)
     fired = sorted(t for b in restored for t in b.advance_watermark(50))
     assert [t.timestamp for t in fired] == [10, 20, 30]
@@ -224,14 +222,12 @@ def test_timers_survive_a_rescale_and_fire_in_order(store):
     assert [t.timestamp for t in again[0].advance_watermark(1000)] == [99]
 
 
-def test_gc_keeps_last_n_and_never_deletes_referenced_files(store):
-    backends, m = first_checkpoint(store)
+def test_gc_keeps_last_n_and_never_deletes_referenced_format_1_files(store):
+    backends, m = first_checkpoint(store, fmt="format1")
     first_files = m.files()
     for cid in range(2, 6):
         route(backends, 0).value("count").set(cid)  # one key-group changes each time
-        m = checkpoint(
-            store, LAYOUT, backends, cid, base=m, pipeline_fingerprint="fp", full_every=0
-        )
+        m = write(store, backends, cid, base=m, fmt="format1")
     store.put(LAYOUT.state_key(3, 0, "deadbeef"), b"uncommitted attempt")
     store.put(LAYOUT.state_key(9, 0, "cafe"), b"in flight")
     result = collect_garbage(store, LAYOUT, keep_last=2)
@@ -246,20 +242,22 @@ def test_gc_keeps_last_n_and_never_deletes_referenced_files(store):
     assert state_of(restored, 1) == expected(1)
 
 
-def test_reshard_changes_max_parallelism_and_keeps_every_key(store):
-    first_checkpoint(store)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_reshard_changes_max_parallelism_and_keeps_every_key(store, fmt):
+    first_checkpoint(store, fmt=fmt)
     result = reshard(store, LAYOUT, 1, 64)
     assert result.keys == len(KEYS) and result.target.max_parallelism == 64
     target = latest_manifest(store, LAYOUT)
     assert target.checkpoint_id == 2 and target.metadata["offsets"] == {"clicks": {"0": 42}}
+    assert target.format_version == 2
     for k in (0, 5, 399):
         assert read_key_state(store, LAYOUT, k) == expected(k)
     b, _ = restore_instance(store, target, 5, operator_index(key_group(9, 64), 64, 5))
     assert b.describe_key(9) == expected(9)
 
 
-def test_inspection_describes_sizes_and_reads_one_key_with_one_range(store):
-    _, m = first_checkpoint(store)
+def test_inspection_describes_a_format_1_checkpoint_and_reads_one_key_with_one_range(store):
+    _, m = first_checkpoint(store, fmt="format1")
     desc = describe_checkpoint(store, LAYOUT, 1)
     assert desc["total_keys"] == len(KEYS) and desc["parallelism"] == 2
     assert sum(i["bytes"] for i in desc["instances"]) == m.total_bytes
@@ -269,6 +267,15 @@ def test_inspection_describes_sizes_and_reads_one_key_with_one_range(store):
     assert store.requests["get_range"] == 1
 
 
+def test_inspection_describes_runs_and_reads_one_key(store):
+    _, m = first_checkpoint(store)
+    desc = describe_checkpoint(store, LAYOUT, 1)
+    assert desc["total_keys"] == len(KEYS) and desc["parallelism"] == 2
+    assert sum(i["bytes"] for i in desc["instances"]) == m.total_bytes
+    assert sum(g["keys"] for g in desc["key_groups"]) == len(KEYS)
+    assert read_key_state(store, LAYOUT, 123, 1) == expected(123)
+
+
 def _flip(store, key, at):
     data = bytearray(store.get(key))
     data[at] ^= 0xFF
@@ -276,7 +283,7 @@ def _flip(store, key, at):
 
 
 def test_corrupt_state_file_error_names_checkpoint_file_and_key_group(store):
-    _, m = first_checkpoint(store)
+    _, m = first_checkpoint(store, fmt="format1")
     kg = next(g for g in key_group_range(MAXP, 2, 0) if m.key_groups[g])
     entry = m.key_groups[kg]
     _flip(store, entry.file, entry.offset + entry.length // 2)
@@ -287,7 +294,7 @@ def test_corrupt_state_file_error_names_checkpoint_file_and_key_group(store):
 
 
 def test_truncated_state_file_is_an_error(store):
-    _, m = first_checkpoint(store)
+    _, m = first_checkpoint(store, fmt="format1")
     file = m.key_groups[key_group_range(MAXP, 2, 1).end].file
     store.put(file, store.get(file)[:100])
     with pytest.raises(CheckpointError, match="truncated"):
@@ -295,7 +302,7 @@ def test_truncated_state_file_is_an_error(store):
 
 
 def test_missing_state_file_is_an_error(store):
-    _, m = first_checkpoint(store)
+    _, m = first_checkpoint(store, fmt="format1")
     file = m.key_groups[key_group_range(MAXP, 2, 0).start].file
     store.delete(file)
     with pytest.raises(CheckpointError, match="state file is missing"):

@@ -10,7 +10,7 @@ from microbatch.checkpoint.writer import InstanceSnapshot, build_manifest
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import key_group_range
 from microbatch.runtime.steps import Stateless, StepFailed, run_chain
-from microbatch.state.blockcache import RunRef
+from microbatch.state.engine import RunRef
 
 
 def test_a_chain_maps_filters_and_flat_maps_in_order() -> None:

@@ -13,7 +13,6 @@ import pytest
 
 from microbatch.checkpoint import (
     Layout,
-    build_manifest,
     describe_checkpoint,
     format_description,
     latest_manifest,
@@ -21,12 +20,12 @@ from microbatch.checkpoint import (
     load_manifest,
     read_key_state,
     restore_instance,
-    write_instance,
 )
 from microbatch.errors import CheckpointError, StorageError
 from microbatch.keygroups import decode_key
 from microbatch.runtime import BatchOptions, KafkaSource, ParquetSink, Pipeline
 from microbatch.storage import open_store
+from tests import format1
 from tests.unit.runtime.test_protocol import CountPerUser, Log, runner, totals
 
 USERS = [f"user-{i:03d}" for i in range(60)]
@@ -154,20 +153,19 @@ def test_a_checkpoint_of_the_older_format_is_migrated_by_the_next_batch(pipeline
     runs_manifest = latest_manifest(store, layout)
     # Rewrite checkpoint 0 as format 1 (one state file per instance), as an older
     # microbatch wrote it.
-    snaps = []
-    for i in range(runs_manifest.parallelism):
-        backend, _ = restore_instance(store, runs_manifest, runs_manifest.parallelism, i)
-        snaps.append(write_instance(store, layout, backend, 0, i, None, full=True))
-    old = build_manifest(
+    backends = [
+        restore_instance(store, runs_manifest, runs_manifest.parallelism, i)[0]
+        for i in range(runs_manifest.parallelism)
+    ]
+    store.delete(layout.manifest_key(0))
+    format1.write_checkpoint(
+        store,
+        layout,
+        backends,
         0,
-        snaps,
-        max_parallelism=runs_manifest.max_parallelism,
         pipeline_fingerprint=runs_manifest.pipeline_fingerprint,
-        base=None,
-        full=True,
         metadata=runs_manifest.metadata,
     )
-    store.put(layout.manifest_key(0), old.to_json())
     assert load_manifest(store, layout, 0).format_version == 1
 
     log.produce(1, "ann", "cid")

@@ -1,4 +1,6 @@
-"""Checkpoints of keyed state: state files, manifests, restore, GC, reshard, inspection."""
+"""Checkpoints as a whole: layout, manifests, the commit protocol, restore, GC, reshard,
+inspection. The state inside them — sorted runs — is the state engine's
+(:mod:`microbatch.state.engine`), which this package calls and which never calls back."""
 
 from microbatch.checkpoint.catalog import latest_manifest, list_checkpoints, load_manifest
 from microbatch.checkpoint.gc import GcResult, collect_garbage
@@ -12,8 +14,7 @@ from microbatch.checkpoint.writer import (
     build_manifest,
     checkpoint,
     commit_manifest,
-    should_write_full,
-    write_instance,
+    write_instance_run,
 )
 
 __all__ = [
@@ -38,6 +39,5 @@ __all__ = [
     "read_key_state",
     "reshard",
     "restore_instance",
-    "should_write_full",
-    "write_instance",
+    "write_instance_run",
 ]

@@ -9,8 +9,7 @@ from typing import Any
 from microbatch.checkpoint.catalog import latest_manifest, load_manifest
 from microbatch.checkpoint.layout import Layout
 from microbatch.checkpoint.manifest import Manifest
-from microbatch.checkpoint.restore import restore_groups
-from microbatch.checkpoint.runstate import Loaded, instance_runs, load_keys
+from microbatch.checkpoint.restore import instance_runs, restore_groups
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import (
     Key,
@@ -21,7 +20,7 @@ from microbatch.keygroups import (
     operator_index,
 )
 from microbatch.state.backend import KeyedStateBackend
-from microbatch.state.blockcache import BlockCache
+from microbatch.state.engine import BlockCache, Loaded, load_keys
 from microbatch.storage import ObjectStore
 
 

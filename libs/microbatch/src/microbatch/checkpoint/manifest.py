@@ -4,7 +4,7 @@ A manifest names every immutable state object the checkpoint consists of, in one
 layouts:
 
 - **sorted runs** (``format_version`` 2, what the runtime writes): ``runs`` lists run
-  refs (:class:`~microbatch.state.blockcache.RunRef`), each a run's data and index
+  refs (:class:`~microbatch.state.engine.RunRef`), each a run's data and index
   objects and the key-groups it serves. For any key-group, the runs serving it appear newest
   first, so "the first run holding a key wins"; each instance's part of the list is its
   own stretch, which is why the driver can simply concatenate what the instances return.
@@ -41,7 +41,7 @@ from typing import Any
 from microbatch.checkpoint.layout import check_checkpoint_id
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import check_max_parallelism, check_parallelism
-from microbatch.state.blockcache import RunRef
+from microbatch.state.engine import RunRef
 
 #: Version 1: key-group byte ranges only; version 2: sorted runs.
 KEY_GROUP_FILES, SORTED_RUNS = 1, 2

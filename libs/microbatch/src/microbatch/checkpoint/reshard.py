@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,17 +21,15 @@ from microbatch.checkpoint.catalog import load_manifest
 from microbatch.checkpoint.layout import Layout
 from microbatch.checkpoint.manifest import Manifest
 from microbatch.checkpoint.restore import empty_backends, restore_groups
-from microbatch.checkpoint.runstate import (
-    Loaded,
-    changed_entries,
-    mark_all_changed,
-    write_batch_run,
+from microbatch.checkpoint.writer import (
+    InstanceSnapshot,
+    build_manifest,
+    commit_manifest,
+    write_instance_run,
 )
-from microbatch.checkpoint.writer import InstanceSnapshot, build_manifest, commit_manifest
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, check_max_parallelism, key_group_of_bytes
 from microbatch.state.backend import ROW_COLUMNS, KeyedStateBackend, empty_rows
-from microbatch.state.blockcache import BlockCache
 from microbatch.state.codec import encode_value
 from microbatch.storage import ObjectStore
 
@@ -63,24 +60,6 @@ def state_digest(backends: Iterable[KeyedStateBackend]) -> tuple[int, str]:
                 digest = hashlib.blake2b(encode_value((*row, pos)), digest_size=16).digest()
                 total = (total + int.from_bytes(digest, "big")) % 2**128
     return len(keys), f"{total:032x}"
-
-
-def _write_run(
-    store: ObjectStore, layout: Layout, backend: KeyedStateBackend, target_id: int, index: int
-) -> InstanceSnapshot:
-    """All of one instance's keys as its one run (with the timer index)."""
-    own = backend.key_groups
-    mark_all_changed(backend)
-    loaded = Loaded()
-    entries = changed_entries(backend, loaded)
-    written = write_batch_run(
-        store, layout, BlockCache(store), [], entries, target_id, index, uuid.uuid4().hex[:12], own
-    )
-    counts = {kg: loaded.key_count_changes.get(kg, 0) for kg in own}
-    timers = {kg: loaded.processing_timer_changes.get(kg, 0) for kg in own}
-    return InstanceSnapshot(
-        index, own, {}, frozenset(), None, written.bytes_written, written.runs, counts, timers
-    )
 
 
 def _regrouped(
@@ -136,7 +115,7 @@ def reshard(
     for uid, view in views.items():
         backends, digests[uid] = _regrouped(store, view, new_max_parallelism, parallelism)
         snapshots[uid] = [
-            _write_run(store, layout, b, target_id, i) for i, b in enumerate(backends)
+            write_instance_run(store, layout, b, target_id, i) for i, b in enumerate(backends)
         ]
     from microbatch.runtime.faults import pause_if  # the kill-and-race tests' hook
 

@@ -1,48 +1,49 @@
-"""Writing a checkpoint: each instance writes its state objects, the driver commits.
+"""Writing a checkpoint: each instance writes its runs, the driver commits.
 
-With sorted runs (what the runtime writes, :mod:`microbatch.checkpoint.runstate`) step 1
-is one run per instance with the keys it changed, and the snapshot carries the instance's
-runs (newest first) and its key-groups' key counts instead of key-group entries; steps 2-4
-are the same. The protocol of one state file per instance (format 1), in order (a crash
-between any two steps leaves only garbage for GC, never a half-visible checkpoint):
+In order (a crash between any two steps leaves only garbage for GC, never a half-visible
+checkpoint):
 
-1. Each instance prunes expired TTL entries, then encodes the key-groups it must write —
-   all of them on a full checkpoint, otherwise only the changed ("dirty") ones — into
-   **one** state file and PUTs it under a fresh attempt name (:func:`write_instance`).
-   Unchanged key-groups keep their entry from the base manifest.
-2. The driver merges the instances' entries into a :class:`Manifest` (:func:`build_manifest`).
+1. Each instance writes one sorted run with the keys it changed — merged with its newest
+   runs when the size tiers say so — under an attempt-unique name (the state engine's
+   :func:`~microbatch.state.engine.write_batch_run`; the runtime's stage 2, or
+   :func:`write_instance_run` for an instance's whole state), and hands the driver an
+   :class:`InstanceSnapshot`: its runs after this checkpoint (newest first) and its
+   key-groups' key counts.
+2. The driver concatenates the instances' runs into a :class:`Manifest`
+   (:func:`build_manifest`), refusing runs or counts outside an instance's key-groups.
 3. The driver creates the manifest with an exclusive create (:func:`commit_manifest`): the
    commit point. A second commit of the same id fails with "already committed"; the loser's
-   state files are unreferenced and GC deletes them.
-4. After the commit, each instance forgets its dirty set (:meth:`InstanceSnapshot.acknowledge`).
+   runs are unreferenced and GC deletes them.
 
-So a checkpoint costs one PUT per instance that has something to write plus one manifest
-create, whatever ``max_parallelism`` is.
+So a checkpoint costs two PUTs (a run's data and index) per instance that has something
+to write plus one manifest create, whatever ``max_parallelism`` is. Format 1 (one state
+file per instance with key-group byte ranges) is no longer written; its checkpoints are
+read for the one-way migration (:mod:`.format1`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from microbatch.checkpoint.layout import Layout
 from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest, OperatorState
-from microbatch.checkpoint.statefile import encode_state_file
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, key_group_range
 from microbatch.state.backend import KeyedStateBackend
-from microbatch.state.blockcache import RunRef
+from microbatch.state.engine import RunRef, write_all_keys
 from microbatch.storage import AlreadyExistsError, ObjectStore
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class InstanceSnapshot:
-    """What one instance hands the driver: its key-groups' entries and what it wrote."""
+    """What one instance hands the driver: its runs, key counts and what it wrote.
+
+    ``entries``, ``written`` and ``file`` are format 1's (key-group byte ranges), which
+    nothing writes any more: always empty, kept so the task → driver JSON is unchanged."""
 
     index: int
     key_groups: KeyGroupRange
@@ -56,11 +57,6 @@ class InstanceSnapshot:
     key_counts: Mapping[int, int] | None = None
     #: Sorted runs: processing-time timers per key-group of the instance (None: none).
     processing_timer_counts: Mapping[int, int] | None = None
-
-    def acknowledge(self, backend: KeyedStateBackend) -> None:
-        """Step 4: after the commit, the written key-groups are clean again."""
-        backend.dirty.difference_update(self.written)
-        backend.dirty_keys = {k for k in backend.dirty_keys if k[0] not in self.written}
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready, for the trip from a Spark task to the driver."""
@@ -105,63 +101,23 @@ class InstanceSnapshot:
         )
 
 
-def should_write_full(base: Manifest | None, checkpoint_id: int, full_every: int) -> bool:
-    """A full rewrite when there is no base, or ``full_every`` checkpoints since the last.
-
-    ``full_every = 0`` never forces one (the chain of files then grows unboundedly).
-    """
-    if base is None:
-        return True
-    return full_every > 0 and checkpoint_id - base.full_checkpoint_id >= full_every
-
-
-def write_instance(
+def write_instance_run(
     store: ObjectStore,
     layout: Layout,
     backend: KeyedStateBackend,
     checkpoint_id: int,
     index: int,
-    base: Manifest | None,
-    *,
-    full: bool,
 ) -> InstanceSnapshot:
-    """Step 1 for one instance: one state file with its full or changed key-groups."""
-    if base is not None and base.max_parallelism != backend.max_parallelism:
-        raise CheckpointError(
-            f"checkpoint {checkpoint_id}: backend max_parallelism {backend.max_parallelism} "
-            f"differs from base checkpoint {base.checkpoint_id} ({base.max_parallelism})"
-        )
-    backend.prune_expired()
+    """Step 1 for an instance whose backend holds its whole state (reshard, tools): all
+    its keys as its one run, with the timer index, and its key counts."""
     own = backend.key_groups
-    rewrite_all = full or base is None
-    to_write = [kg for kg in own if rewrite_all or kg in backend.dirty]
-    groups = {kg: backend.export_rows(kg) for kg in to_write}
-    groups = {kg: rows for kg, rows in groups.items() if rows["key"]}
-
-    file_key, nbytes = None, 0
-    entries: dict[int, KeyGroupEntry | None] = {}
-    if groups:
-        data, segments = encode_state_file(groups)
-        file_key = layout.state_key(checkpoint_id, index)
-        store.put(file_key, data)
-        nbytes = len(data)
-        for kg, seg in segments.items():
-            entries[kg] = KeyGroupEntry(
-                file_key, seg.offset, seg.length, seg.crc32, seg.rows, seg.keys, checkpoint_id
-            )
-    for kg in own:
-        if kg not in entries:
-            # Rewritten but empty (cleared or expired) → None; unchanged → the base entry.
-            carried = not rewrite_all and kg not in backend.dirty and base is not None
-            entries[kg] = base.key_groups[kg] if carried else None
-    log.debug(
-        "checkpoint %s instance %s: wrote %d key-groups, %d bytes",
-        checkpoint_id,
-        index,
-        len(groups),
-        nbytes,
+    attempt = uuid.uuid4().hex[:12]
+    written, loaded = write_all_keys(store, layout, backend, checkpoint_id, index, attempt)
+    counts = {kg: loaded.key_count_changes.get(kg, 0) for kg in own}
+    timers = {kg: loaded.processing_timer_changes.get(kg, 0) for kg in own}
+    return InstanceSnapshot(
+        index, own, {}, frozenset(), None, written.bytes_written, written.runs, counts, timers
     )
-    return InstanceSnapshot(index, own, entries, frozenset(to_write), file_key, nbytes)
 
 
 def build_manifest(
@@ -179,29 +135,32 @@ def build_manifest(
 ) -> Manifest:
     """Step 2: merge instance snapshots; every key-group must be covered exactly once.
 
-    ``operators``: the snapshots of a dataflow's further keyed steps, by uid (sorted
-    runs only), checked the same way; ``step_types``: their functions' classes;
-    ``first_uid``: the uid of the step ``snapshots`` are of."""
+    ``operators``: the snapshots of a dataflow's further keyed steps, by uid, checked the
+    same way; ``step_types``: their functions' classes; ``first_uid``: the uid of the step
+    ``snapshots`` are of."""
     parallelism = len(snapshots)
     if base is not None and checkpoint_id <= base.checkpoint_id:
         raise CheckpointError(
             f"checkpoint id {checkpoint_id} must be greater than its base {base.checkpoint_id}"
         )
-    entries: list[KeyGroupEntry | None] = [None] * max_parallelism
-    as_runs = any(s.runs is not None for s in snapshots)
+    without_runs = sorted(s.index for s in snapshots if s.runs is None)
+    if without_runs:
+        raise CheckpointError(
+            f"checkpoint {checkpoint_id}: instance(s) {without_runs} returned no sorted runs; "
+            "checkpoints are written as sorted runs only (format 1 is read, never written): "
+            "write each instance with write_instance_run or the state engine"
+        )
     for snap in sorted(snapshots, key=lambda s: s.index):
         expected = key_group_range(max_parallelism, parallelism, snap.index)
-        covered = set(snap.key_counts or ()) if as_runs else set(snap.entries)
+        covered = set(snap.key_counts or ())
         if snap.key_groups != expected or covered != set(expected):
             raise CheckpointError(
                 f"checkpoint {checkpoint_id}: instance {snap.index} of {parallelism} covers "
                 f"{snap.key_groups}, expected {expected}"
             )
-        for kg, entry in snap.entries.items():
-            entries[kg] = entry
     if sorted(s.index for s in snapshots) != list(range(parallelism)):
         raise CheckpointError(f"checkpoint {checkpoint_id}: instances are not 0..{parallelism - 1}")
-    runs, counts = _merged_runs(checkpoint_id, snapshots, max_parallelism) if as_runs else ((), ())
+    runs, counts = _merged_runs(checkpoint_id, snapshots, max_parallelism)
     types = step_types or {}
     steps = {}
     for uid, snaps in (operators or {}).items():
@@ -217,12 +176,12 @@ def build_manifest(
         pipeline_fingerprint=pipeline_fingerprint,
         max_parallelism=max_parallelism,
         parallelism=parallelism,
-        key_groups=tuple(entries),
+        key_groups=(None,) * max_parallelism,
         full_checkpoint_id=checkpoint_id if full or base is None else base.full_checkpoint_id,
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         metadata=dict(metadata or {}),
-        runs=tuple(runs) if as_runs else None,
-        key_counts=tuple(counts) if as_runs else None,
+        runs=tuple(runs),
+        key_counts=tuple(counts),
         operators=steps,
         first_uid=first_uid,
         processing_timer_counts=processing_timer_counts(snapshots, max_parallelism),
@@ -298,27 +257,27 @@ def checkpoint(
     base: Manifest | None,
     pipeline_fingerprint: str,
     metadata: Mapping[str, Any] | None = None,
-    full_every: int = 10,
 ) -> Manifest:
-    """Steps 1-4 in one process, for instances ``0..len(backends)-1`` (tests, tools)."""
+    """Steps 1-3 in one process for instances ``0..len(backends)-1`` whose backends hold
+    their whole state (tests, tools): expired TTL entries pruned, each instance's state
+    written as its one run — a full checkpoint; ``base`` only orders the ids."""
     if not backends:
         raise CheckpointError(f"checkpoint {checkpoint_id}: no instance backends given")
-    full = should_write_full(base, checkpoint_id, full_every)
-    maxp = backends[0].max_parallelism
-    snaps = [
-        write_instance(store, layout, b, checkpoint_id, i, base, full=full)
-        for i, b in enumerate(backends)
-    ]
+    snaps = []
+    for i, backend in enumerate(backends):
+        backend.prune_expired()
+        snaps.append(write_instance_run(store, layout, backend, checkpoint_id, i))
     manifest = build_manifest(
         checkpoint_id,
         snaps,
-        max_parallelism=maxp,
+        max_parallelism=backends[0].max_parallelism,
         pipeline_fingerprint=pipeline_fingerprint,
         base=base,
-        full=full,
+        full=True,
         metadata=metadata,
     )
     commit_manifest(store, layout, manifest)
-    for snap, backend in zip(snaps, backends, strict=True):
-        snap.acknowledge(backend)
+    for backend in backends:  # everything is in the checkpoint now
+        backend.dirty.clear()
+        backend.dirty_keys = set()
     return manifest

@@ -39,16 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
-from microbatch.checkpoint.restore import restore_instance
-from microbatch.checkpoint.runstate import (
-    Loaded,
-    changed_entries,
-    instance_runs,
-    load_due_timers,
-    load_keys,
-    mark_all_changed,
-    write_batch_run,
-)
+from microbatch.checkpoint.restore import instance_runs, restore_instance
 from microbatch.errors import CheckpointError, ProcessError, error_text
 from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key_group_range
 from microbatch.runtime.columnar import DecodedRecords, batch_records
@@ -76,9 +67,18 @@ from microbatch.runtime.windowed import run_windows
 from microbatch.settings import Settings
 from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
-from microbatch.state.blockcache import BlockCache, RunRef
-from microbatch.state.bundle import PROCESSING_TIMER
-from microbatch.state.cache import state_cache
+from microbatch.state.engine import (
+    PROCESSING_TIMER,
+    BlockCache,
+    Loaded,
+    RunRef,
+    changed_entries,
+    load_due_timers,
+    load_keys,
+    mark_all_changed,
+    state_cache,
+    write_batch_run,
+)
 from microbatch.storage import open_store
 
 if TYPE_CHECKING:

@@ -3,15 +3,15 @@
 An instance owns a :class:`~microbatch.keygroups.KeyGroupRange`; all its state lives in
 per-key-group tables so a checkpoint can write (and a restore can read) whole key-groups,
 and so the backend knows *which* key-groups changed since the last checkpoint
-(``dirty``) — the basis of incremental checkpoints — and which keys (``dirty_keys``: a
-change set at key granularity, for state that lives in sorted runs, :mod:`~microbatch.
-state.runs`).
+(``dirty``) — the basis of format 1's incremental checkpoints — and which keys
+(``dirty_keys``: a change set at key granularity, for state that lives in sorted runs,
+:mod:`microbatch.state.engine`).
 
 Layout: ``groups[kg][state_name][key_bytes]`` → for value state ``(value_bytes,
 expires_ms)``, for list state a list of those, for map state ``{field_bytes: (value_bytes,
 expires_ms)}``. Timers live in a :class:`~microbatch.state.timers.TimerQueue`. The
-row form (:data:`ROW_COLUMNS`) is what state files store, one row per value, list element,
-map entry or timer.
+row form (:data:`ROW_COLUMNS`) is what format-1 state files store, one row per value, list
+element, map entry or timer (a run's bundle holds a key's rows without the key).
 """
 
 from __future__ import annotations

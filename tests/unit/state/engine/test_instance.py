@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from microbatch.checkpoint import Layout
-from microbatch.checkpoint.runstate import (
+from microbatch.keygroups import encode_key, key_group_range
+from microbatch.state import KeyedStateBackend
+from microbatch.state.engine.blockcache import BlockCache, RunRef
+from microbatch.state.engine.instance import (
     Loaded,
     changed_entries,
     load_due_timers,
     load_keys,
     write_changes,
 )
-from microbatch.keygroups import encode_key, key_group_range
-from microbatch.state import KeyedStateBackend
-from microbatch.state.blockcache import BlockCache, RunRef
 from microbatch.storage import open_store
 from microbatch.storage.counting import CountingStore
 
@@ -147,7 +147,7 @@ def test_due_timers_are_found_without_reading_every_key(store) -> None:
 def test_processing_time_timers_have_their_own_index_apart_from_event_time(store) -> None:
     """A processing-time timer fires by the batch's processing time, never by the
     watermark, survives the checkpoint (its own index), and leaves the index once fired."""
-    from microbatch.state.bundle import PROCESSING_TIMER
+    from microbatch.state.engine.bundle import PROCESSING_TIMER
 
     def arm(inst: Instance, keys: list[str]) -> None:
         load_keys(inst.cache, inst.runs, inst.backend, [encode_key(u) for u in keys], inst.loaded)

@@ -1,6 +1,6 @@
 """Point reads across sorted runs, with the runs' blocks cached on local disk.
 
-Runs are immutable (:mod:`microbatch.state.runs`), so a block fetched once stays valid
+Runs are immutable (:mod:`microbatch.state.engine.runs`), so a block fetched once stays valid
 forever: an executor keeps fetched blocks and indexes in a local folder between batches
 (the same machine, a warm Spark Connect worker) and fetches from the object store — still
 the truth — only what it lacks. A miss is one ranged GET per block, issued in parallel.
@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from microbatch.errors import CheckpointError, StorageError
-from microbatch.state.runs import SCHEMA, Entry, RunIndex, composite, decode_batch, merge
+from microbatch.state.engine.runs import SCHEMA, Entry, RunIndex, composite, decode_batch, merge
 from microbatch.storage import ObjectStore
 
 #: Ranged GETs in flight per lookup: enough to hide S3 latency on a cold cache.

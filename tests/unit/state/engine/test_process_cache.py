@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from microbatch.settings import Settings
-from microbatch.state.cache import cache_directory, state_cache, trim
+from microbatch.state.engine.process_cache import cache_directory, state_cache, trim
 from microbatch.storage import open_store
 
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from microbatch.settings import Settings
-from microbatch.state.blockcache import BlockCache
+from microbatch.state.engine.blockcache import BlockCache
 from microbatch.storage import ObjectStore
 
 #: ``state_cache_dir`` values that keep no blocks on local disk.

@@ -11,7 +11,7 @@ into one of ``min_width ×`` the size, each byte is rewritten about once per tie
 ``(min_width - 1)`` runs per tier. ``max_runs`` bounds the count whatever the sizes.
 
 Only a stretch that starts at the newest run and is contiguous in age is ever merged, so
-"the newest entry of a key wins" holds across a merge (:func:`microbatch.state.runs.merge`).
+"the newest entry of a key wins" holds across a merge (:func:`microbatch.state.engine.runs.merge`).
 """
 
 from __future__ import annotations

@@ -11,28 +11,30 @@ and the runs its base checkpoint names for its key-groups (newest first). It loa
 processes them exactly as before, and writes one new run (:func:`write_changes`): the
 whole state of every key it changed, a deletion for a key left without state, and the
 timer-index entries that changed. The cost of a batch follows the keys it touches; the
-state it does not touch is never read. See :mod:`microbatch.state.bundle` for the entries.
+state it does not touch is never read. See :mod:`microbatch.state.engine.bundle` for the entries.
 
-When the size tiers say so (:mod:`microbatch.state.compaction`), the batch's changes are
+When the size tiers say so (:mod:`microbatch.state.engine.compaction`), the batch's changes are
 merged with the newest runs of the instance's range into one run instead
 (:func:`write_batch_run`): the next manifest names the merged run in their place, and the
 runs it replaced stay for the retained checkpoints that still name them, until GC.
 
-A manifest's runs serve every key-group newest first; :func:`instance_runs` gives an
+A manifest's runs serve every key-group newest first; :func:`clip_runs` gives an
 instance at any parallelism the runs overlapping its key-groups, clipped to them.
+
+Where a run is stored is the caller's: :class:`RunNames` (the checkpoint's
+:class:`~microbatch.checkpoint.Layout` is one) — the engine knows runs, not checkpoints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
-from microbatch.checkpoint.layout import Layout
-from microbatch.checkpoint.manifest import Manifest
 from microbatch.keygroups import KeyGroupRange, key_group_of_bytes
-from microbatch.state import KeyedStateBackend
-from microbatch.state.blockcache import BlockCache, RunRef, lookup, scan
-from microbatch.state.bundle import (
+from microbatch.state.backend import KeyedStateBackend
+from microbatch.state.engine.blockcache import BlockCache, CacheStats, RunRef, lookup, scan
+from microbatch.state.engine.bundle import (
     PROCESSING_TIMER,
     STATE,
     TIMER,
@@ -43,12 +45,19 @@ from microbatch.state.bundle import (
     timer_key,
     timers_until,
 )
-from microbatch.state.compaction import runs_to_merge
-from microbatch.state.runs import Entry, composite, encode_run, merge, split
+from microbatch.state.engine.compaction import runs_to_merge
+from microbatch.state.engine.runs import Entry, composite, encode_run, merge, split
 from microbatch.storage import ObjectStore
 
 #: Blocks fetched at a time while a merge streams through a run.
 MERGE_CHUNK = 256
+
+
+class RunNames(Protocol):
+    """Names the object of an instance's state for a batch (``.arrow`` suffixed); the
+    engine derives the run's data and index names from it."""
+
+    def state_key(self, checkpoint_id: int, instance: int, attempt: str | None = None) -> str: ...
 
 
 @dataclasses.dataclass
@@ -146,7 +155,7 @@ def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
     return out
 
 
-def run_keys(layout: Layout, batch_id: int, instance: int, attempt: str) -> tuple[str, str]:
+def run_keys(layout: RunNames, batch_id: int, instance: int, attempt: str) -> tuple[str, str]:
     """The data and index objects of one instance's run of a batch (attempt-unique, so a
     zombie never overwrites a run a manifest names)."""
     stem = layout.state_key(batch_id, instance, attempt).removesuffix(".arrow")
@@ -155,7 +164,7 @@ def run_keys(layout: Layout, batch_id: int, instance: int, attempt: str) -> tupl
 
 def write_changes(
     store: ObjectStore,
-    layout: Layout,
+    layout: RunNames,
     entries: Sequence[Entry],
     batch_id: int,
     instance: int,
@@ -172,12 +181,13 @@ def write_changes(
     return RunRef(data_key, index_key, key_groups.start, key_groups.end)
 
 
-def instance_runs(manifest: Manifest | None, own: KeyGroupRange) -> list[RunRef]:
-    """The runs of ``manifest`` that serve key-groups of ``own``, clipped to them, newest
-    first: an instance's view at any parallelism (the rest of each run is never read)."""
-    if manifest is None or manifest.runs is None or own.is_empty:
+def clip_runs(runs: Sequence[RunRef] | None, own: KeyGroupRange) -> list[RunRef]:
+    """The ``runs`` (a manifest's, newest first per key-group) that serve key-groups of
+    ``own``, clipped to them: an instance's view at any parallelism (the rest of each run
+    is never read)."""
+    if runs is None or own.is_empty:
         return []
-    clipped = (ref.clipped(own.start, own.end) for ref in manifest.runs)
+    clipped = (ref.clipped(own.start, own.end) for ref in runs)
     return [ref for ref in clipped if ref is not None]
 
 
@@ -219,7 +229,7 @@ class Written:
 
 def write_batch_run(
     store: ObjectStore,
-    layout: Layout,
+    layout: RunNames,
     cache: BlockCache,
     view: Sequence[RunRef],
     entries: Sequence[Entry],
@@ -274,3 +284,45 @@ def load_range(
         )
         n += 1
     return n
+
+
+def load_key_groups(
+    store: ObjectStore,
+    runs: Sequence[RunRef],
+    backend: KeyedStateBackend,
+    key_groups: Iterable[int],
+) -> CacheStats:
+    """Load every key of ``key_groups`` from ``runs`` (a manifest's, newest first per
+    key-group) into ``backend`` through a fresh cache, one scan per contiguous stretch
+    (tools, reshard, whole-instance restores); returns what the reads cost."""
+    cache = BlockCache(store)
+    spans: list[list[int]] = []
+    for kg in sorted(set(key_groups)):
+        if spans and kg == spans[-1][1] + 1:
+            spans[-1][1] = kg
+        else:
+            spans.append([kg, kg])
+    for first, last in spans:
+        load_range(cache, clip_runs(runs, KeyGroupRange(first, last)), backend, first, last)
+    return cache.stats
+
+
+def write_all_keys(
+    store: ObjectStore,
+    layout: RunNames,
+    backend: KeyedStateBackend,
+    batch_id: int,
+    instance: int,
+    attempt: str,
+) -> tuple[Written, Loaded]:
+    """Every key of ``backend`` (an instance's whole state: reshard, tools) as the
+    instance's one run, with the timer index. The :class:`Loaded` returned counts each key
+    and processing-time timer as gained, so its changes are the key-groups' counts."""
+    mark_all_changed(backend)
+    loaded = Loaded()
+    entries = changed_entries(backend, loaded)
+    written = write_batch_run(
+        store, layout, BlockCache(store), [], entries, batch_id, instance, attempt,
+        backend.key_groups,
+    )  # fmt: skip
+    return written, loaded

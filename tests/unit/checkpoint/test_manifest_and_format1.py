@@ -1,4 +1,5 @@
-"""Manifest JSON and state-file segments: round trips and corruption detection."""
+"""Manifest JSON and format-1 state-file segments (read for the migration; the fixture
+writer is test-only): round trips and corruption detection."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import pyarrow.feather as feather
 import pytest
 
+from microbatch.checkpoint.format1 import decode_segment, plan_reads
 from microbatch.checkpoint.manifest import KeyGroupEntry, Manifest
-from microbatch.checkpoint.restore import check_restore_parallelism, plan_reads
-from microbatch.checkpoint.statefile import decode_segment, encode_state_file
+from microbatch.checkpoint.restore import check_restore_parallelism
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange
 from microbatch.state import KeyedStateBackend
+from tests.format1 import encode_state_file
 
 
 def _manifest(entries=None, **kw) -> Manifest:

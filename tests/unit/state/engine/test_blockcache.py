@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from microbatch.errors import CheckpointError, StorageError
-from microbatch.state.blockcache import BlockCache, RunRef, lookup, scan
-from microbatch.state.runs import composite, encode_run
+from microbatch.state.engine.blockcache import BlockCache, RunRef, lookup, scan
+from microbatch.state.engine.runs import composite, encode_run
 from microbatch.storage import open_store
 from microbatch.storage.counting import CountingStore
 

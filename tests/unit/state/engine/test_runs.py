@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from microbatch.errors import CheckpointError
-from microbatch.state import runs
-from microbatch.state.runs import composite, decode_block, encode_run, merge
+from microbatch.state.engine import runs
+from microbatch.state.engine.runs import composite, decode_block, encode_run, merge
 
 
 def entries(n: int, kgs: int = 16, seed: int = 0) -> list[runs.Entry]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from microbatch.errors import CheckpointError
 from microbatch.state.codec import CodecError, decode_value, encode_value
-from microbatch.state.runs import composite, split
+from microbatch.state.engine.runs import composite, split
 
 Row = tuple[Any, ...]
 STATE, TIMER, PROCESSING_TIMER = b"k", b"t", b"p"

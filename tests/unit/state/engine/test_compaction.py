@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from microbatch.state.compaction import runs_to_merge
+from microbatch.state.engine.compaction import runs_to_merge
 
 
 def simulate(batches: int, batch_bytes: int = 100, **policy) -> tuple[list[int], int]:

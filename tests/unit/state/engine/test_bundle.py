@@ -8,7 +8,7 @@ import pytest
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, encode_key, key_group
 from microbatch.state import KeyedStateBackend
-from microbatch.state.bundle import (
+from microbatch.state.engine.bundle import (
     decode_bundle,
     encode_bundle,
     parse_timer_key,
