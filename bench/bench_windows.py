@@ -10,8 +10,10 @@ windows per user with their count and sum of ``amount``:
 - **microbatch windows**: ``process=windows.tumbling("1m").count().sum("amount").final()``,
   ``EventTime("ts", allowed_lateness_s=10, watermark="global_max")``,
   ``KafkaSource(reader="spark", value_schema=JsonSchema(...))`` (the JVM Kafka source; the
-  values decoded with Arrow into columns that go straight to the window operator, as the
-  reference's ``from_json`` gives Spark columns; ``--no-schema``: decoded per record),
+  values decoded with Arrow into columns, pre-aggregated per (key, window) in stage 1 so
+  only partials cross the shuffle, as the reference's partial aggregation does before its
+  exchange; ``--no-pre-aggregate``: every record shuffled; ``--no-schema``: decoded per
+  record, every record shuffled),
   Parquet sink, P=2, max_parallelism 128; one ``BatchRunner.run``;
 - **Structured Streaming** (reference 1): the Kafka source, ``from_json``,
   ``withWatermark("t", "10 seconds")``, ``groupBy(window("t", "1 minute"), "user_id")``
@@ -77,6 +79,7 @@ from microbatch.runtime import (
     ParquetSink,
     Pipeline,
     ProcessContext,
+    windowed,
 )
 from microbatch.runtime.stage_one import fast_json_decoder
 from microbatch.settings import Settings
@@ -383,15 +386,21 @@ def where_time_goes(
             f"{wall / 1000:.2f} s wall, {s['executorRunTime'] / 1000:.2f} s task time, "
             f"{s['executorCpuTime'] / 1e9:.2f} s JVM CPU, "
             f"shuffle write {s.get('shuffleWriteBytes', 0) / 1e6:.1f} MB"
+            + per_record(s.get("shuffleWriteBytes", 0), result.records_in)
         )
     manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
     for inst in manifest.metadata["stats"]["instances"] if manifest else []:
         seconds = ", ".join(f"{k} {v:.2f}" for k, v in inst["seconds"].items())
         lines.append(
             f"    stage 2, instance {inst['instance']}: {inst.get('records', 0):,} records, "
+            f"{inst.get('partials', 0):,} partials, "
             f"{inst.get('windows_emitted', inst.get('timers_fired', 0)):,} windows; s: {seconds}"
         )
     return lines
+
+
+def per_record(shuffled: int, records: int) -> str:
+    return f" ({shuffled / records:.1f} B/record)" if shuffled and records else ""
 
 
 def _ms(stamp: str | None) -> float:
@@ -416,7 +425,14 @@ def main() -> None:
         action="store_false",
         help="microbatch windows without a declared schema (values decoded per record)",
     )
+    parser.add_argument(
+        "--no-pre-aggregate",
+        dest="pre_aggregate",
+        action="store_false",
+        help="microbatch windows without stage 1's partial aggregation (every record shuffled)",
+    )
     args = parser.parse_args()
+    windowed.PRE_AGGREGATE = args.pre_aggregate
     if args.quick:
         args.records = 100_000
     work = Path(tempfile.mkdtemp(prefix="bench-windows-"))

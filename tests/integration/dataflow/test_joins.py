@@ -1,6 +1,8 @@
-"""Interval joins of two Kafka topics in one dataflow, on real Kafka and Spark: out of
-order, over several batches, through a crash and rescales 2→3→1, their output equals
-Spark's join of the same rows (inner and full outer), pair for pair."""
+"""Joins of two Kafka topics in one dataflow, on real Kafka and Spark. Interval joins:
+out of order, over several batches, through a crash and rescales 2→3→1, their output
+equals Spark's join of the same rows (inner and full outer), pair for pair. A table join
+of a changelog topic with real tombstones (null values), read by each reader, equals a
+plain-Python KTable."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 
 from microbatch.dataflow import Dataflow
-from microbatch.joins import IntervalJoin
+from microbatch.joins import IntervalJoin, TableJoin
 from microbatch.runtime import BatchOptions, BatchRunner, DeadLetterSink, EventTime, KafkaSource
 from microbatch.sinks import ParquetSink, read_parquet_sink
 from tests.integration.runtime.test_batches import new_topic, produce
@@ -112,3 +114,85 @@ def test_interval_joins_equal_sparks_through_a_crash_and_rescales(
     assert read_parquet_sink(str(tmp_path / "dead")).num_rows == 0
     row = next(r for r in got["inner"] if r["card"] != "flush")
     assert set(row) >= {"oid", "pid", "card", "ts", "ts_right"}
+
+
+def changelog_batches() -> list[tuple[list[tuple[str, dict[str, Any] | None]], list[dict]]]:
+    """Per batch: the customers changelog as (Kafka key, value or None: a tombstone), and
+    the orders. Deletes, re-creations and updates of keys the orders then look up."""
+
+    def row(cid: str, city: str) -> tuple[str, dict[str, Any]]:
+        return cid, {"id": cid, "city": city}
+
+    return [
+        ([row("c1", "Oslo"), row("c2", "Rome"), row("c3", "Lima"), row("c2", "Pune"),
+          ("c1", None), ("c9", None)],
+         [{"oid": i, "customer": f"c{i % 5}"} for i in range(10)]),
+        ([("c2", None), row("c3", "Kyiv"), ("c4", None), row("c4", "Baku"), row("c1", "Oslo")],
+         [{"oid": i, "customer": f"c{i % 5}"} for i in range(10, 20)]),
+    ]  # fmt: skip
+
+
+def ktable_reference(batches) -> Counter[tuple[int, str | None]]:
+    """Kafka Streams' left KStream-KTable join, a batch's changes before its orders."""
+    table: dict[str, dict[str, Any]] = {}
+    out: Counter[tuple[int, str | None]] = Counter()
+    for changes, orders in batches:
+        for key, value in changes:
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+        for order in orders:
+            out[order["oid"], table.get(order["customer"], {}).get("city")] += 1
+    return out
+
+
+def order_city(order: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:
+    """The same fields in every output row (a Parquet file's schema is its first row's)."""
+    return {"oid": order["oid"], "city": None if row is None else row["city"]}
+
+
+@pytest.mark.parametrize("reader", ["python", "spark"])
+def test_table_join_deletes_on_real_tombstones_of_a_changelog_topic(
+    spark, kafka_settings, bootstrap, admin, tmp_path, reader
+) -> None:
+    from kafka import KafkaProducer
+
+    orders_topic, customers_topic = new_topic(admin, 1), new_topic(admin, 1)
+    flow = Dataflow(
+        f"changelog-{reader}",
+        checkpoints=f"{tmp_path}/cp",
+        dead_letters=DeadLetterSink(path=f"{tmp_path}/dead"),
+        max_parallelism=16,
+        parallelism=2,
+    )
+    read = {"reader": reader, "consumer_config": {"fetch_max_wait_ms": 20}}  # to each reader
+    orders = flow.source(KafkaSource(topics=(orders_topic,), **read))
+    customers = flow.source(KafkaSource(topics=(customers_topic,), tombstones=True, **read))
+    join = TableJoin(how="left", select=order_city)
+    orders.key_by("customer").join(customers.key_by("id"), join, uid="t").to(
+        ParquetSink("out", f"{tmp_path}/out")
+    )
+    runner = BatchRunner(spark, flow.build(), kafka_settings)
+
+    batches = changelog_batches()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        for i, (changes, orders_of_batch) in enumerate(batches):
+            for key, value in changes:  # value None: a real tombstone (a null Kafka value)
+                body = None if value is None else json.dumps(value).encode()
+                producer.send(customers_topic, key=key.encode(), value=body)
+            for order in orders_of_batch:
+                producer.send(orders_topic, value=json.dumps(order).encode())
+            producer.flush()
+            runner.run(BatchOptions(run_id=f"r{i}"))
+            assert runner.stage_one_reader == reader
+    finally:
+        producer.close()
+
+    rows = read_parquet_sink(str(tmp_path / "out")).to_pylist()
+    got = Counter((r["oid"], r["city"]) for r in rows)
+    expected = ktable_reference(batches)
+    assert got == expected
+    assert sum(1 for _, city in expected if city is None) >= 8, "deletes should show"
+    assert read_parquet_sink(str(tmp_path / "dead")).num_rows == 0

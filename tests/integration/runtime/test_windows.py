@@ -18,6 +18,7 @@ from microbatch.runtime import (
     BatchRunner,
     DeadLetterSink,
     EventTime,
+    JsonSchema,
     KafkaSource,
     ParquetSink,
     Pipeline,
@@ -40,13 +41,18 @@ def events(n: int, start: int, seed: int) -> list[bytes]:
     return [e.encode() for e in out]
 
 
+#: Declared: the values travel as columns, and stage 1 pre-aggregates the windows.
+SCHEMA = JsonSchema({"user": "string", "ts": "long", "amount": "long"})
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["records", "pre-aggregated"])
 def test_tumbling_windows_equal_plain_python_across_batches_and_a_rescale(
-    spark, kafka_settings, bootstrap, admin, tmp_path: Path
+    spark, kafka_settings, bootstrap, admin, tmp_path: Path, declared: bool
 ) -> None:
     topic = new_topic(admin, 2)
     pipeline = Pipeline(
         name="windows",
-        source=KafkaSource(topics=(topic,)),
+        source=KafkaSource(topics=(topic,), value_schema=SCHEMA if declared else None),
         key_by="user",
         process=windows.tumbling("1m").count().sum("amount").final(),
         event_time=EventTime("ts", idle_timeout_s=None),

@@ -26,14 +26,14 @@ from microbatch.runtime import (
     ParquetSink,
     Pipeline,
 )
-from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
+from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
 from microbatch.runtime.execute import Execution, has_input
 from microbatch.runtime.phases import Phase, phase_of
-from microbatch.runtime.pipeline import columnar_values
 from microbatch.runtime.records import BatchRecord, InstanceResult
 from microbatch.runtime.schema import JsonSchema
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import StageTwo
+from microbatch.runtime.windowed import exchange_schema
 from microbatch.settings import Settings
 from microbatch.sinks import parquet as ps
 from microbatch.sinks import read_parquet_sink
@@ -118,7 +118,7 @@ class InProcess:
                         table.filter(pa.compute.equal(table.column("instance"), i))
                     )
         results = []
-        schema = envelope_schema(columnar_values(stage.pipeline))
+        schema = exchange_schema(stage.pipeline)
         for i in range(stage.parallelism):
             parts = [*by_instance[i], ticks([i], schema)]
             table = pa.concat_tables([pa.table(p, schema=schema) for p in parts])

@@ -271,14 +271,16 @@ class Settings:
     def home_path(self) -> Path:
         return Path(self.home).expanduser().resolve()
 
-    def kafka_client_config(self) -> dict[str, Any]:
+    def kafka_client_config(self, tuning: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """How every Kafka client of microbatch authenticates, in kafka-python's names
         (``KafkaConsumer(bootstrap_servers=..., **config)``; the JVM reader maps them to
-        Java's): nothing for ``PLAINTEXT``."""
+        Java's): nothing for ``PLAINTEXT``. ``tuning``: a source's own consumer settings
+        (``KafkaSource.consumer_config``, checked to hold no security), added to them."""
+        config: dict[str, Any] = dict(tuning or {})
         protocol = self.kafka_security_protocol
         if protocol == "PLAINTEXT":
-            return {}
-        config: dict[str, Any] = {"security_protocol": protocol}
+            return config
+        config["security_protocol"] = protocol
         if protocol.startswith("SASL_"):
             config["sasl_mechanism"] = self.kafka_sasl_mechanism
             config["sasl_plain_username"] = self.kafka_sasl_username

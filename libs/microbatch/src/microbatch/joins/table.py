@@ -3,7 +3,10 @@ Streams' KStream-KTable join, Quix's ``join_lookup`` on a topic).
 
 The right side (side 1) is the table: a compacted or changelog topic keyed like the
 stream. Each right record replaces the key's value; a tombstone — a ``None`` record (a
-Kafka delete), or a record for which ``tombstone(record)`` is true — deletes it. The value
+Kafka delete), or a record for which ``tombstone(record)`` is true — deletes it. A
+topic's real tombstones (a key with a null value) arrive as ``None`` records when its
+source says ``KafkaSource(tombstones=True)``, keyed by their Kafka key
+(:mod:`microbatch.runtime.tombstones`). The value
 lives in the step's keyed state (value state ``table``), so it survives batches, crashes
 and rescaling like any state. Left records (the stream) are not kept.
 
@@ -26,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import JoinFunction, check_how
+from microbatch.joins.base import RIGHT, JoinFunction, check_how
 from microbatch.joins.select import Select, check_select
 from microbatch.runtime.process import ProcessContext
 
@@ -44,6 +47,8 @@ class TableJoin(JoinFunction):
 
     #: No timers: a table join runs with or without the pipeline's event time.
     needs_event_time = False
+    #: The table side takes ``None`` records (a source's Kafka tombstones) as deletes.
+    tombstone_sides = (RIGHT,)
 
     def __init__(
         self,

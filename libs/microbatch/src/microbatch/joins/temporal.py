@@ -26,6 +26,10 @@ other, in the same batch.
 
 ``how="inner"``: a left record with no version at or before its time emits nothing;
 ``"left"``: it is emitted with the right side ``None``.
+
+**No deletes.** A version lasts until the next one: a right ``None`` record has no
+version time, so Kafka tombstones (``KafkaSource(tombstones=True)``) cannot feed this
+join — refused when the pipeline is built, unlike a :class:`~microbatch.joins.TableJoin`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from microbatch.keygroups import encode_key, key_group_of_bytes
 from microbatch.runtime.envelope import (
     RECORD,
     SOURCE_COLUMNS,
+    VALUE_PREFIX,
     EnvelopeBuilder,
     envelope_schema,
     value_columns,
@@ -98,7 +99,36 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
         reason, error = dead[i]
         out.dead(topic[i].as_py(), part[i].as_py(), off[i].as_py(), stage.parallelism, reason,
                  error, rkey[i].as_py(), rvalue[i].as_py())  # fmt: skip
-    return out.build(_inputs(topic, part), stage.parallelism, records)
+    built = out.build(_inputs(topic, part), stage.parallelism, records)  # stats: of records
+    if not stage.pre_aggregate:
+        return built
+    return _pre_aggregated(stage, records, built.slice(records.num_rows), instance_of)
+
+
+def _pre_aggregated(
+    stage: StageOne, records: pa.RecordBatch, rest: pa.RecordBatch, instance_of: np.ndarray
+) -> pa.RecordBatch:
+    """The task's rows with its ``records`` reduced to window partials (``rest``: its dead
+    letters and ``stat`` rows, counted on the records), in the exchange's schema."""
+    from microbatch.runtime.windowed import exchange_schema, pre_aggregation, stage_one_partials
+
+    pipeline = stage.pipeline
+    operator = pre_aggregation(pipeline, enabled=True)
+    if operator is None:  # StageOne.pre_aggregate is only set for such pipelines
+        raise ValueError(f"pipeline {pipeline.name!r}: its windows cannot be pre-aggregated")
+    schema = exchange_schema(pipeline, enabled=True)
+    fields = value_columns(pa.Table.from_batches([records]), columnar_values(pipeline))
+    partials = stage_one_partials(
+        operator, records, fields, stage.watermark, instance_of, stage.parallelism, schema,
+        pipeline.uid,
+    )  # fmt: skip
+    n = rest.num_rows
+    conformed = pa.RecordBatch.from_arrays(
+        [rest.column(f.name) if f.name in rest.schema.names else pa.nulls(n, f.type)
+         for f in schema],
+        schema=schema,
+    )  # fmt: skip
+    return pa.concat_batches([partials, conformed])
 
 
 def _keys(stage: StageOne, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray, np.ndarray]:
@@ -167,6 +197,8 @@ def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
     columns, or (payload pipelines) a :class:`DecodedRecords` list decoded now. Both give
     the records' columns (``columns()``) for windows."""
     values = columnar_values(pipeline)
+    if values is not None and VALUE_PREFIX + values.names[0] not in recs.table.column_names:
+        return lambda i, j: DecodedRecords()  # windows pre-aggregated: no record travels
     if values is not None:
         # One contiguous chunk per column, once: each key's records are a ``take``, which
         # on an instance's many-chunk table costs per chunk (~15x slower for small keys).

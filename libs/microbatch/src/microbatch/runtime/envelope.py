@@ -70,6 +70,9 @@ def value_columns(table: pa.Table, values: pa.Schema) -> pa.Table:
 
 RECORD = "record"
 DEAD_LETTER = "dead_letter"
+#: A window's partial aggregate of one stage-1 task's records of one (key, window): its
+#: columns are the ``partial_*`` ones of ``runtime.windowed.exchange_schema``.
+PARTIAL = "partial"
 #: An enrichment input not finished by the batch deadline; ``payload`` is the pending
 #: element, carried to the next batch through the checkpoint.
 PENDING = "pending"

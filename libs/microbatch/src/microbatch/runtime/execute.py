@@ -26,12 +26,13 @@ from microbatch.errors import BatchError, ConfigError
 from microbatch.kafka import BatchPlan, BrokerView
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
-from microbatch.runtime.envelope import SOURCE_COLUMNS, envelope_schema, ticks
-from microbatch.runtime.pipeline import Pipeline, columnar_values
+from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
+from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.spine import spine_frame, step_results
 from microbatch.runtime.stage_one import ReadingStageOne, StageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
+from microbatch.runtime.windowed import exchange_schema
 from microbatch.settings import Settings
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class SparkExecutor:
         envelopes, reader = self.stage_one(plan, process, pending)
         # The envelope schema, not the one pandas infers: all-null integer columns would
         # come out as doubles and widen the union's (a dead letter's offset "794.0").
-        schema = envelope_schema(columnar_values(self.pipeline))
+        schema = exchange_schema(self.pipeline)
         tick_rows = self.spark.createDataFrame(
             ticks(range(stage.parallelism), schema).to_pandas(), schema=from_arrow_schema(schema)
         )
@@ -133,7 +134,7 @@ class SparkExecutor:
         also without input, since timers of one step may feed the next."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        schema = envelope_schema(columnar_values(self.pipeline))
+        schema = exchange_schema(self.pipeline)
         rows = self.spark.createDataFrame(
             ticks(range(stage.parallelism), schema).to_pandas(), schema=from_arrow_schema(schema)
         )
@@ -154,7 +155,7 @@ class SparkExecutor:
         it) and the reader that reads the planned ranges."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        envelope_type = from_arrow_schema(envelope_schema(columnar_values(self.pipeline)))
+        envelope_type = from_arrow_schema(exchange_schema(self.pipeline))
         envelopes, reader = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
@@ -172,7 +173,8 @@ class SparkExecutor:
         if not plan.ranges:
             return self.spark.createDataFrame([], envelope_type), None
         bootstrap = self.settings.kafka_bootstrap_servers
-        requested = self.pipeline.source.reader
+        source = self.pipeline.source
+        requested = source.reader
         problem = None if requested == "python" else connector_problem(self.spark)
         reader = choose_reader(self.pipeline.name, requested, problem)
         log.info(
@@ -187,14 +189,15 @@ class SparkExecutor:
                 self.spark,
                 bootstrap,
                 plan.ranges,
-                consumer_config=self.settings.kafka_client_config(),
+                consumer_config=self.settings.kafka_client_config(source.consumer_config),
                 view=self.broker(),
             )
             # Only the columns stage 1 reads cross from the JVM to Python.
             return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type), reader
         # None only without a non-empty range: plan.ranges holds only non-empty ones.
         descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
-        reading = ReadingStageOne(process, bootstrap, self.settings.kafka_client_config())
+        config = self.settings.kafka_client_config(source.consumer_config)
+        reading = ReadingStageOne(process, bootstrap, config)
         return descriptors.mapInArrow(reading, envelope_type), reader
 
     def _ticks_only(self, stage: StageTwo) -> list[Any]:
@@ -202,7 +205,7 @@ class SparkExecutor:
         per instance (``spark.range`` with one row per slice) and no shuffle — a single
         short Spark stage instead of a shuffle map and reduce."""
 
-        schema = envelope_schema(columnar_values(self.pipeline))
+        schema = exchange_schema(self.pipeline)
 
         def per_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:

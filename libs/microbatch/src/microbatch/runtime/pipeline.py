@@ -30,10 +30,12 @@ from typing import Any, Literal
 
 from microbatch.errors import ConfigError
 from microbatch.keygroups import check_max_parallelism
+from microbatch.runtime.consumer_config import check_consumer_config
 from microbatch.runtime.graph import Edge, check_edges
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.schema import ValueSchema, kind_of
 from microbatch.runtime.steps import KeyedStep, Stateless, Tap, check_steps
+from microbatch.runtime.tombstones import check_tombstones
 from microbatch.sinks import DEAD_LETTER_SINK, DeadLetterSink, KafkaSink, ParquetSink, Sink
 from microbatch.sinks.deadletters import check_sinks
 from microbatch.validation import check_name, check_positive
@@ -84,6 +86,16 @@ class KafkaSource:
     JsonSchema`), instead of ``decoder``. Values are then decoded into Arrow columns, a
     batch at a time; records hold the declared fields only, and a value that does not
     match is a dead letter ``schema_mismatch`` naming the field (``docs/kafka-source.md``).
+
+    ``tombstones``: a record with a null value (a compacted or changelog topic's delete)
+    reaches the pipeline as a ``None`` record keyed by its Kafka key, read by
+    ``tombstone_key(key_bytes)`` (default: the bytes as UTF-8 text), instead of being a
+    dead letter ``undecodable``. Only the table side of a
+    :class:`~microbatch.joins.TableJoin` takes them (``docs/joins.md``).
+
+    ``consumer_config``: Kafka consumer settings in kafka-python's names (such as
+    ``fetch_max_wait_ms``), for either reader (:mod:`microbatch.runtime.consumer_config`);
+    security is the deployment's (:class:`~microbatch.settings.Settings`), not here.
     """
 
     topics: Sequence[str]
@@ -94,6 +106,9 @@ class KafkaSource:
     decoder: Decoder = json_decoder
     reader: KafkaReader = "auto"
     value_schema: ValueSchema | None = None
+    tombstones: bool = False
+    tombstone_key: Callable[[bytes], Any] | None = None
+    consumer_config: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.topics, str):
@@ -136,6 +151,26 @@ class KafkaSource:
                 f"KafkaSource reader must be one of {', '.join(map(repr, _READERS))} (what "
                 f"reads Kafka in stage 1), got {self.reader!r}"
             )
+        if not isinstance(self.tombstones, bool):
+            raise ConfigError(f"KafkaSource tombstones must be True or False: {self.tombstones!r}")
+        if self.tombstone_key is not None and not (
+            self.tombstones and callable(self.tombstone_key)
+        ):
+            raise ConfigError(
+                "KafkaSource tombstone_key reads a tombstone's Kafka key: it needs "
+                f"tombstones=True and a function of the key bytes, got {self.tombstone_key!r}"
+            )
+        where = f"KafkaSource of {list(self.topics)}"
+        config = check_consumer_config(where, self.consumer_config)
+        object.__setattr__(self, "consumer_config", config or None)
+
+    def key_of_tombstone(self, kafka_key: bytes | None) -> Any:
+        """The join key of a tombstone with this Kafka key (None: it has none)."""
+        if kafka_key is None:
+            return None
+        if self.tombstone_key is None:
+            return kafka_key.decode("utf-8")
+        return self.tombstone_key(kafka_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +330,7 @@ class Pipeline:
             self.source_taps,
         )
         check_edges(self, where)
+        check_tombstones(self, where)
         check_value_schema(self)
         if self.on_process_error not in ("fail", "dead_letter"):
             raise ConfigError(
@@ -353,7 +389,7 @@ class Input:
 
 #: What several sources must agree on: one plan reads them together.
 _SHARED = ("starting", "max_records_per_partition", "max_records_per_batch",
-           "on_out_of_range", "reader")  # fmt: skip
+           "on_out_of_range", "reader", "consumer_config")  # fmt: skip
 
 
 def combined_source(sources: Sequence[KafkaSource], where: str) -> KafkaSource:
@@ -372,7 +408,14 @@ def combined_source(sources: Sequence[KafkaSource], where: str) -> KafkaSource:
             if t in topics:
                 raise ConfigError(f"{where}: topic {t!r} is read by two sources; read it once")
             topics.append(t)
-    return dataclasses.replace(first, topics=tuple(topics), decoder=json_decoder, value_schema=None)
+    return dataclasses.replace(
+        first,
+        topics=tuple(topics),
+        decoder=json_decoder,
+        value_schema=None,
+        tombstones=False,  # each input's own: see check_tombstones
+        tombstone_key=None,
+    )
 
 
 def check_inputs(pipeline: Pipeline) -> None:

@@ -53,6 +53,7 @@ from microbatch.runtime.pipeline import (
 )
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 from microbatch.runtime.steps import Stateless, StepFailed, Tap, filters_only, run_chain
+from microbatch.runtime.tombstones import sources_of
 
 if TYPE_CHECKING:
     from microbatch.enrich import Output
@@ -178,6 +179,16 @@ class StageOne:
     #: The rows are the pending elements of the last checkpoint (``value`` holds each
     #: one's bytes), re-issued first, in their own tasks, not Kafka records.
     reissued: bool = False
+    #: Reduce a window's records to partials before the exchange (``runtime.windowed``);
+    #: None: decided from the pipeline when made (on the driver: the tasks follow).
+    pre_aggregate: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.pre_aggregate is None:
+            from microbatch.runtime.windowed import pre_aggregation
+
+            chosen = pre_aggregation(self.pipeline) is not None
+            object.__setattr__(self, "pre_aggregate", chosen)
 
     @functools.cached_property
     def _instance_of(self) -> tuple[int, ...]:
@@ -350,6 +361,9 @@ class StageOne:
                 topics, parts, offs, rkeys, rvalues, strict=True
             ):
                 try:
+                    if rvalue is None and topic in self._tombstone_sources:
+                        self.add_tombstone(out, topic, part, off, rkey)
+                        continue
                     record = self.decode(rvalue, topic)
                     if self.has_prefix:
                         self.add_records(out, topic, part, off, record, raw=rvalue)
@@ -475,6 +489,30 @@ class StageOne:
         for i, r in enumerate(records):
             self.add_record(builder, topic, part, off, seq * 1024 + i, r)
         out.rows.extend(builder.rows)
+
+    @functools.cached_property
+    def _tombstone_sources(self) -> dict[str, KafkaSource]:
+        """Per topic whose source has ``tombstones=True``: that source."""
+        return {t: s for s in sources_of(self.pipeline) if s.tombstones for t in s.topics}
+
+    def add_tombstone(
+        self, out: EnvelopeBuilder, topic: str, part: int, off: int, kafka_key: bytes | None
+    ) -> None:
+        """A tombstone as a ``None`` record keyed by its Kafka key, into every step input
+        its source feeds (each one takes None as a delete: :mod:`.tombstones`); raises
+        ``_Bad`` (nothing appended) if the key is missing or unreadable."""
+        source = self._tombstone_sources[topic]
+        try:
+            key = source.key_of_tombstone(kafka_key)
+        except Exception as e:  # user code, or Kafka key bytes that are not UTF-8
+            raise _Bad("bad_key", f"tombstone_key raised {error_text(e)}") from e
+        if key is None:
+            raise _Bad("missing_key", "tombstone has no Kafka key: no key to delete")
+        key_bytes, kg = self._key_and_group(key)
+        payload = encode_payload(None)
+        for route in self._routes[topic]:
+            marked = topic if route.marker is None else route.marker
+            out.record(marked, part, off, 0, self._instance_of[kg], kg, key_bytes, None, payload)
 
     def add_outputs(
         self, out: EnvelopeBuilder, topic: str, part: int, off: int, record: Any, seq: int

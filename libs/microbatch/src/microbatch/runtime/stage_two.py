@@ -63,7 +63,7 @@ from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import WatermarkState, advance
-from microbatch.runtime.windowed import run_windows
+from microbatch.runtime.windowed import carries_partials, run_partials, run_windows
 from microbatch.settings import Settings
 from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
@@ -417,8 +417,12 @@ class StageTwo:
                     raw_value=json.dumps(body, default=str).encode(),
                 )  # fmt: skip
 
-        if getattr(process_fn, "columnar", False):
-            emitted: list[Any] = []
+        if getattr(process_fn, "columnar", False) and carries_partials(table):
+            emitted: list[Any] = []  # stage 1 pre-aggregated: partials, no records
+            operator = cast("WindowedAggregation", process_fn).operator
+            stats.update(run_partials(operator, backend, table, watermark, emitted.append))
+        elif getattr(process_fn, "columnar", False):
+            emitted = []
             everything = records_of(0, recs.num_rows)
             stats.update(
                 run_windows(
@@ -440,6 +444,7 @@ class StageTwo:
                     ),
                 )
             )
+        if getattr(process_fn, "columnar", False):
             for row in emitted:
                 key = row.get("key") if isinstance(row, dict) else None
                 kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)

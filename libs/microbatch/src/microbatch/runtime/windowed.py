@@ -8,20 +8,50 @@ windows the batch's watermark closes (their timers fire), runs
 writes them back: each key's open windows in one value state, a timer at each window's
 end (+ allowed lateness) so the batch that closes it loads that key. Late records become
 dead letters (``late_window``) with their coordinates.
+
+**Local-global aggregation** (:func:`pre_aggregation`): for a pipeline with a declared
+value schema whose only keyed step is a window with mergeable aggregates, stage 1
+reduces its task's records to partials per (key, window) — per session fragment for
+sessions — with the operator's own group-by (:func:`stage_one_partials`), and decides
+lateness against the batch's starting watermark exactly as stage 2 would (late records
+become ``late_window`` dead letters there, with the same error). Only ``partial`` rows
+cross the exchange: the key once, the window start (and a session's end), the partial
+columns (:func:`exchange_schema`); no topic, offsets or record fields. Stage 2
+(:func:`run_partials`) merges the partials of every task with a second group-by, then
+into the open windows as before. The ``stat`` rows are counted on the records, before
+they are reduced, so the watermark and the batch's counts are what they were.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.keygroups import decode_key
+from microbatch.runtime.envelope import (
+    DEAD_LETTER,
+    ENVELOPE_SCHEMA,
+    PARTIAL,
+    DeadLetterDetail,
+    EnvelopeBuilder,
+    envelope_schema,
+    unkeyed_instance,
+)
+from microbatch.runtime.pipeline import Pipeline, columnar_values
 from microbatch.state import KeyedStateBackend
-from microbatch.windows.aggregate import KEY, ORDER, TS
-from microbatch.windows.operator import WindowOperator
+from microbatch.windows.aggregate import END, KEY, ORDER, START, TS, mergeable, partial_table
+from microbatch.windows.operator import BatchOutcome, OpenWindows, WindowOperator
+from microbatch.windows.spec import Session
+
+#: Pre-aggregate windows in stage 1 where :func:`pre_aggregation` allows it.
+PRE_AGGREGATE = True
+#: Prefix of the exchange columns holding a partial's window and partial values.
+PARTIAL_PREFIX = "partial_"
 
 #: The value state holding a key's open windows: ``{start: [end, partials]}``.
 STATE = "__windows"
@@ -36,6 +66,198 @@ def source_order(partition: int, offset: int) -> int:
     """A record's place in its source, comparable across batches: ties in event time go
     to the lower partition, then the lower offset."""
     return (partition << _OFFSET_BITS) | offset
+
+
+def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOperator | None:
+    """The window operator whose partials stage 1 computes, or None: only for a pipeline
+    whose records travel as columns (a declared schema, no enrichment or stateless
+    steps), with one keyed step, a window whose aggregates merge column-wise (not
+    ``collect`` or a custom aggregate) and sums no floating-point column: a float sum
+    depends on the order of its terms, and the results must be the records path's to the
+    bit. ``enabled``: None, as :data:`PRE_AGGREGATE` says (read when called: the driver
+    decides, the tasks follow)."""
+    process = pipeline.process
+    operator = getattr(process, "operator", None)
+    if (
+        not (PRE_AGGREGATE if enabled is None else enabled)
+        or not getattr(process, "columnar", False)
+        or not isinstance(operator, WindowOperator)
+        or pipeline.steps
+        or columnar_values(pipeline) is None
+        or not mergeable(operator.aggregates)
+    ):
+        return None
+    values = columnar_values(pipeline)
+    for column, fn in (n for a in operator.aggregates for n in a.needs()):
+        if fn == "sum" and pa.types.is_floating(values.field(column).type):
+            return None
+    return operator
+
+
+def _partial_columns(operator: WindowOperator, values: pa.Schema) -> pa.Schema:
+    """The partial table's columns but the key (their types: what the group-by gives for
+    the declared fields' types), from an empty table."""
+    empty = pa.table(
+        {KEY: pa.array([], pa.binary()), TS: pa.array([], pa.int64()),
+         ORDER: pa.array([], pa.int64()), START: pa.array([], pa.int64()),
+         **({END: pa.array([], pa.int64())} if isinstance(operator.spec, Session) else {}),
+         **{f.name: pa.array([], f.type) for f in values}}
+    )  # fmt: skip
+    carry = [(END, "max")] if isinstance(operator.spec, Session) else []
+    table = partial_table(empty, operator.aggregates, carry)
+    named = {f"{END}_max": END}  # as WindowOperator.pre_aggregate names it
+    return pa.schema(
+        [f.with_name(named.get(f.name, f.name)) for f in table.schema if f.name != KEY]
+    )
+
+
+def exchange_schema(pipeline: Pipeline, enabled: bool | None = None) -> pa.Schema:
+    """The schema of the rows between stage 1 and stage 2: the envelope's, with the
+    declared fields' columns (:func:`~microbatch.runtime.envelope.envelope_schema`), or —
+    when stage 1 pre-aggregates windows — with a ``partial_<column>`` per partial column
+    instead (no record travels, only partials)."""
+    values = columnar_values(pipeline)
+    operator = pre_aggregation(pipeline, enabled)
+    if operator is None:
+        return envelope_schema(values)
+    partial = _partial_columns(operator, values)
+    fields = [pa.field(PARTIAL_PREFIX + f.name, f.type) for f in partial]
+    return pa.schema([*ENVELOPE_SCHEMA, *fields])
+
+
+def _partial_names(schema: pa.Schema) -> dict[str, str]:
+    """Exchange column → partial table column (``partial___window_start`` →
+    ``__window_start``)."""
+    n = len(PARTIAL_PREFIX)
+    return {f.name: f.name[n:] for f in schema if f.name.startswith(PARTIAL_PREFIX)}
+
+
+def carries_partials(table: pa.Table) -> bool:
+    """Are ``table``'s rows those of a pre-aggregating stage 1 (:func:`exchange_schema`)?"""
+    return any(name.startswith(PARTIAL_PREFIX) for name in table.column_names)
+
+
+def late_error(ts: int, watermark_before: int | None, lateness_ms: int) -> str:
+    return (
+        f"event time {ts} falls only in windows the watermark {watermark_before} had closed "
+        f"(allowed lateness {lateness_ms} ms)"
+    )
+
+
+def stage_one_partials(
+    operator: WindowOperator,
+    records: pa.RecordBatch,
+    fields: pa.Table,
+    watermark: int | None,
+    instance_of: np.ndarray,
+    parallelism: int,
+    schema: pa.Schema,
+    uid: str | None,
+) -> pa.RecordBatch:
+    """One stage-1 task's keyed ``records`` (envelope rows; ``fields``: their declared
+    fields, row for row) as ``partial`` rows in ``schema`` (:func:`exchange_schema`), one
+    per (key, window) or session fragment, routed to the key's instance; followed by the
+    ``late_window`` dead letters of the records whose every window had closed at
+    ``watermark`` (the batch's starting one), as stage 2 would have set them aside."""
+    order = pc.bit_wise_or(
+        pc.shift_left(records.column("partition").cast(pa.int64()), _OFFSET_BITS),
+        records.column("offset").cast(pa.int64()),
+    )
+    table = pa.table(
+        {KEY: records.column("key"), TS: records.column("event_ts"), ORDER: order,
+         "__kg": records.column("key_group"), **{n: fields.column(n) for n in fields.column_names}}
+    )  # fmt: skip
+    partial, late = operator.pre_aggregate(table, watermark, carry=[("__kg", "min")])
+    n = 0 if partial is None else partial.num_rows
+    names = {v: k for k, v in _partial_names(schema).items()}
+    columns: dict[str, Any] = {f.name: pa.nulls(n, f.type) for f in schema}
+    columns["kind"] = pa.array([PARTIAL] * n, pa.string())
+    if partial is not None:
+        kgs = partial.column("__kg_min").to_numpy(zero_copy_only=False)
+        columns["instance"] = pa.array(instance_of[kgs], pa.int32())
+        columns["key"] = partial.column(KEY)
+        for name in partial.column_names:
+            if name in names:
+                columns[names[name]] = partial.column(name)
+    out = pa.RecordBatch.from_pydict(
+        {
+            k: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
+            for k, v in columns.items()
+        },
+        schema=schema,
+    )
+    if not late:
+        return out
+    dead = EnvelopeBuilder(schema)
+    rows = fields.take(pa.array(late, pa.int64())).to_pylist()
+    at = records.select(["topic", "partition", "offset", "event_ts"]).take(pa.array(late))
+    coords = zip(*at.to_pydict().values(), strict=True)
+    for record, (topic, part, off, ts) in zip(rows, coords, strict=True):
+        error = late_error(ts, watermark, operator.allowed_lateness_ms)
+        raw = json.dumps(record, default=str).encode()
+        detail = DeadLetterDetail("late_window", error, None, raw, None, uid).to_payload()
+        inst = unkeyed_instance(part, off, parallelism)
+        dead.add(DEAD_LETTER, topic, part, off, 0, inst, None, None, None, detail)
+    return pa.concat_batches([out, dead.rows_batch()])
+
+
+def run_partials(
+    operator: WindowOperator,
+    backend: KeyedStateBackend,
+    table: pa.Table,
+    watermark_after: int | None,
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, int]:
+    """Stage 2 of a pre-aggregated window: the ``partial`` rows of every stage-1 task
+    (``table``: the instance's exchange rows) merged into the keys' open windows."""
+    rows = table.filter(pc.equal(table.column("kind"), PARTIAL))
+    names = _partial_names(table.schema)
+    partial = rows.select(list(names)).rename_columns(list(names.values()))
+    encoded = rows.column("key").combine_chunks().dictionary_encode()
+    distinct = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
+    partial = partial.append_column(KEY, pa.array(distinct).take(encoded.indices))
+    state, closing = _load(backend, distinct, watermark_after)
+    touched = set(distinct) | closing | set(state)
+    outcome = operator.merge(partial if rows.num_rows else None, state, watermark_after)
+    _store(operator, backend, state, touched, outcome, emit)
+    return {"windows_emitted": len(outcome.rows), "partials": rows.num_rows}
+
+
+def _load(
+    backend: KeyedStateBackend, keys: list[Any], watermark: int | None
+) -> tuple[OpenWindows, set[Any]]:
+    """The open windows of ``keys`` and of the keys whose windows ``watermark`` closes
+    (their timers fire), and those keys."""
+    closing: dict[Any, bytes] = {}
+    if watermark is not None:
+        for timer in backend.advance_watermark(watermark):
+            closing[decode_key(timer.key_bytes)] = timer.key_bytes
+    state = {}
+    for key in [*keys, *closing]:
+        windows = backend.for_key(key).value(STATE).get()
+        if windows:
+            state[key] = {int(s): w for s, w in windows.items()}
+    return state, set(closing)
+
+
+def _store(
+    operator: WindowOperator,
+    backend: KeyedStateBackend,
+    state: OpenWindows,
+    touched: set[Any],
+    outcome: BatchOutcome,
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
+    """Emit the batch's rows; write back the touched keys' open windows and timers."""
+    for row in outcome.rows:
+        emit(row)
+    lateness = operator.allowed_lateness_ms
+    for key in touched:
+        ctx = backend.for_key(key)
+        windows = state.get(key)
+        ctx.value(STATE).set(windows) if windows else ctx.value(STATE).clear()
+        for end, _ in (windows or {}).values():
+            ctx.register_timer(end + lateness)
 
 
 def run_windows(
@@ -57,15 +279,7 @@ def run_windows(
     n = len(key_bytes)
     encoded = _combined(key_bytes).dictionary_encode()  # keys decoded once per distinct key
     distinct = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
-    closing: dict[Any, bytes] = {}
-    if watermark_after is not None:
-        for timer in backend.advance_watermark(watermark_after):
-            closing[decode_key(timer.key_bytes)] = timer.key_bytes
-    state = {}
-    for key in [*distinct, *closing]:
-        windows = backend.for_key(key).value(STATE).get()
-        if windows:
-            state[key] = {int(s): w for s, w in windows.items()}
+    state, closing = _load(backend, distinct, watermark_after)
     table = pa.table({})
     ts = _combined(event_ts).cast(pa.int64())
     if n:
@@ -76,22 +290,13 @@ def run_windows(
         table = pa.table({KEY: pa.array(distinct).take(encoded.indices), TS: ts, ORDER: order})
         for name in records.column_names:
             table = table.append_column(name, records.column(name))
-    touched = set(distinct) | set(closing) | set(state)
+    touched = set(distinct) | closing | set(state)
     outcome = operator.run(table, state, watermark_before, watermark_after)
-    for row in outcome.rows:
-        emit(row)
+    _store(operator, backend, state, touched, outcome, emit)
     for i in outcome.late:
         late(
             "late_window",
-            f"event time {ts[i].as_py()} falls only in windows the watermark "
-            f"{watermark_before} had closed (allowed lateness {operator.allowed_lateness_ms} ms)",
+            late_error(ts[i].as_py(), watermark_before, operator.allowed_lateness_ms),
             i,
         )
-    lateness = operator.allowed_lateness_ms
-    for key in touched:
-        ctx = backend.for_key(key)
-        windows = state.get(key)
-        ctx.value(STATE).set(windows) if windows else ctx.value(STATE).clear()
-        for end, _ in (windows or {}).values():
-            ctx.register_timer(end + lateness)
     return {"windows_emitted": len(outcome.rows), "late_window": len(outcome.late)}

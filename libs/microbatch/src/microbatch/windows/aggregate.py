@@ -11,7 +11,14 @@ Each aggregation is three steps, so a window can span any number of batches:
 
 Partials are plain data (ints, floats, lists, tuples), so they live in keyed state as they
 are. ``first`` and ``last`` are by event time, ties by source order (topic, partition,
-offset): the same input gives the same output however it was split into batches.
+offset), and take the earliest (latest) record's value even when it is null: the same
+input gives the same output however it was split into batches.
+
+The group-by's output is itself a table of partials (:func:`partial_table`); when every
+aggregate's Arrow functions merge column-wise (:func:`mergeable`: count, sum, min, max,
+mean, first, last), tables of partials from several places — stage 1's tasks, before the
+exchange — merge into one row per (key, window) with another group-by
+(:func:`merge_table`), so only partials cross the shuffle.
 """
 
 from __future__ import annotations
@@ -21,11 +28,23 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.errors import ConfigError
 
 #: Columns the window operator adds before aggregating (see :func:`partials`).
 KEY, START, TS, ORDER = "__key", "__window_start", "__ts", "__order"
+#: A session fragment's end (sessions only: a tumbling or hopping window's end is known).
+END = "__window_end"
+#: The earliest record of a partial (event time, source order): every partial table has
+#: them, so partials of one (key, window) merge in an order that does not depend on the
+#: order they arrive in (a float sum gives the same bits on every rerun).
+FIRST_TS, FIRST_ORDER = f"{TS}_first", f"{ORDER}_first"
+#: How each Arrow hash aggregate's output merges with another's of the same (key, window).
+_MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "first": "first",
+          "last": "last"}  # fmt: skip
+#: Earliest / latest by record, null or not (Arrow's default skips nulls).
+_WHOLE_RECORD = pc.ScalarAggregateOptions(skip_nulls=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,19 +235,80 @@ def check_aggregates(aggregates: Sequence[Aggregate], columns: Sequence[str] | N
             )
 
 
-def partials(table: pa.Table, aggregates: Sequence[Aggregate]) -> dict[tuple[Any, int], list[Any]]:
-    """One batch's partial of every aggregate per (key, window start). ``table`` has the
-    columns :data:`KEY`, :data:`START`, :data:`TS` (event time, ms), :data:`ORDER` (the
-    record's source order, comparable across batches) and the aggregated columns."""
-    needs = sorted({n for a in aggregates for n in a.needs()})
+def mergeable(aggregates: Sequence[Aggregate]) -> bool:
+    """Do the aggregates' partials merge column-wise (:func:`merge_table`)? ``collect``
+    and custom aggregates keep Python values per record or per partial: they do not."""
+    return all(fn in _MERGE for a in aggregates for _, fn in a.needs())
+
+
+def _needs(
+    aggregates: Sequence[Aggregate], carry: Sequence[tuple[str, str]] = ()
+) -> list[tuple[str, str]]:
+    return sorted({*(n for a in aggregates for n in a.needs()), *carry})
+
+
+def _with_options(needs: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
+    return [(c, fn, _WHOLE_RECORD) if fn in ("first", "last") else (c, fn) for c, fn in needs]
+
+
+def partial_table(
+    table: pa.Table, aggregates: Sequence[Aggregate], carry: Sequence[tuple[str, str]] = ()
+) -> pa.Table:
+    """One table's partials: a row per (:data:`KEY`, :data:`START`), a column
+    ``<column>_<function>`` per Arrow aggregate the aggregates need (and per ``carry``),
+    plus :data:`FIRST_TS` and :data:`FIRST_ORDER`. ``table`` has the columns :data:`KEY`,
+    :data:`START`, :data:`TS` (event time, ms), :data:`ORDER` (the record's source order,
+    comparable across batches) and the aggregated columns."""
+    needs = _needs(aggregates, [*carry, (TS, "first"), (ORDER, "first")])
     ordered = table.sort_by(
         [(KEY, "ascending"), (START, "ascending"), (TS, "ascending"), (ORDER, "ascending")]
     )
-    grouped = ordered.group_by([KEY, START], use_threads=False).aggregate(needs)  # keeps order
+    grouped = ordered.group_by([KEY, START], use_threads=False)  # keeps the order
+    return grouped.aggregate(_with_options(needs))
+
+
+def merge_table(
+    table: pa.Table, aggregates: Sequence[Aggregate], carry: Sequence[tuple[str, str]] = ()
+) -> pa.Table:
+    """Tables of partials (:func:`partial_table`'s, concatenated in any order) merged into
+    one row per (key, window), named as :func:`partial_table` names them: what one
+    group-by over all their records would give. Needs :func:`mergeable` aggregates."""
+    needs = _needs(aggregates, [*carry, (TS, "first"), (ORDER, "first")])
+    late_cols = [f"{c}_{fn}" for c, fn in needs if fn == "last"]
+    early = [(f"{c}_{fn}", _MERGE[fn]) for c, fn in needs if fn != "last"]
+    by_first = table.sort_by(
+        [(KEY, "ascending"), (START, "ascending"), (FIRST_TS, "ascending"),
+         (FIRST_ORDER, "ascending")]
+    )  # fmt: skip
+    merged = by_first.group_by([KEY, START], use_threads=False).aggregate(_with_options(early))
+    named = {f"{name}_{fn}": name for name, fn in early}
+    merged = merged.rename_columns([named.get(c, c) for c in merged.column_names])
+    if late_cols:  # latest record of all: ordered by each partial's latest
+        by_last = table.sort_by(
+            [(KEY, "ascending"), (START, "ascending"), (f"{TS}_last", "ascending"),
+             (f"{ORDER}_last", "ascending")]
+        )  # fmt: skip
+        grouped = by_last.group_by([KEY, START], use_threads=False)
+        latest = grouped.aggregate(_with_options([(c, "last") for c in late_cols]))
+        for name in late_cols:  # groups in (key, start) order in both: rows align
+            merged = merged.append_column(name, latest.column(f"{name}_last"))
+    return merged
+
+
+def partial_values(
+    table: pa.Table, aggregates: Sequence[Aggregate]
+) -> dict[tuple[Any, int], list[Any]]:
+    """Each (key, window start)'s partials as plain data, from a table of partials."""
     out: dict[tuple[Any, int], list[Any]] = {}
-    for row in grouped.to_pylist():
+    for row in table.to_pylist():
         out[row[KEY], row[START]] = [a.partial(row) for a in aggregates]
     return out
+
+
+def partials(table: pa.Table, aggregates: Sequence[Aggregate]) -> dict[tuple[Any, int], list[Any]]:
+    """One batch's partial of every aggregate per (key, window start) (``table``: as for
+    :func:`partial_table`)."""
+    return partial_values(partial_table(table, aggregates), aggregates)
 
 
 def merge_partials(

@@ -29,12 +29,17 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.windows.aggregate import (
+    END,
+    FIRST_ORDER,
+    FIRST_TS,
     KEY,
     START,
     TS,
     Aggregate,
     merge_partials,
-    partials,
+    merge_table,
+    partial_table,
+    partial_values,
     results,
 )
 from microbatch.windows.assign import hopping, sessions, tumbling
@@ -68,16 +73,57 @@ class WindowOperator:
     ) -> BatchOutcome:
         """One batch: ``table`` has :data:`KEY`, :data:`TS`, :data:`ORDER` and the
         aggregated columns; ``state`` is updated in place."""
+        partial, late = self.pre_aggregate(table, watermark_before)
+        return self.merge(partial, state, watermark_after, late, grouped=True)
+
+    def pre_aggregate(
+        self, table: pa.Table, watermark_before: int | None, carry: Sequence[tuple[str, str]] = ()
+    ) -> tuple[pa.Table | None, list[int]]:
+        """The records' partials per (key, window) — for sessions, per session of these
+        records, with its :data:`END` — (None without records) and the indices of the late
+        records: those whose every window had closed at ``watermark_before``. What
+        :meth:`merge` takes, from one table or (``grouped=False``) from several."""
+        if not table.num_rows:
+            return None, []
+        assigned, late = self._assign(table, watermark_before)
+        if not assigned.num_rows:
+            return None, late
+        if isinstance(self.spec, Session):
+            keys = np.asarray(assigned.column(KEY).to_pylist(), dtype=object)
+            ts = assigned.column(TS).to_numpy(zero_copy_only=False).astype(np.int64)
+            ids, starts, ends = sessions(keys, ts, self.spec.gap_ms)
+            assigned = assigned.set_column(
+                assigned.schema.get_field_index(START), START, pa.array(starts[ids], pa.int64())
+            ).append_column(END, pa.array(ends[ids], pa.int64()))
+            carry = [*carry, (END, "max")]
+        partial = partial_table(assigned, self.aggregates, carry)
+        if isinstance(self.spec, Session):
+            partial = partial.rename_columns(
+                [END if c == f"{END}_max" else c for c in partial.column_names]
+            )
+        return partial, late
+
+    def merge(
+        self,
+        partial: pa.Table | None,
+        state: OpenWindows,
+        watermark_after: int | None,
+        late: list[int] | None = None,
+        grouped: bool = False,
+    ) -> BatchOutcome:
+        """Partials (:meth:`pre_aggregate`'s; ``grouped``: one row per (key, window),
+        else merged first) into the open windows, then the emitted rows."""
         changed: set[tuple[Any, int]] = set()
-        assigned, late = self._assign(table, watermark_before) if table.num_rows else (table, [])
-        if assigned.num_rows and isinstance(self.spec, Session):
-            changed = self._merge_sessions(state, assigned)
-        elif assigned.num_rows:
+        if partial is not None and partial.num_rows and isinstance(self.spec, Session):
+            changed = self._merge_sessions(state, partial)
+        elif partial is not None and partial.num_rows:
+            if not grouped:
+                partial = merge_table(partial, self.aggregates)
             size = self.spec.size_ms
-            for (key, start), partial in partials(assigned, self.aggregates).items():
+            for (key, start), values in partial_values(partial, self.aggregates).items():
                 windows = state.setdefault(key, {})
                 old = windows.get(start)
-                merged = merge_partials(self.aggregates, old[1] if old else None, partial)
+                merged = merge_partials(self.aggregates, old[1] if old else None, values)
                 windows[start] = [start + size, merged]
                 changed.add((key, start))
         rows = []
@@ -85,16 +131,16 @@ class WindowOperator:
         for key in sorted(state, key=_sort_key):
             windows = state[key]
             for start in sorted(windows):
-                end, partial = windows[start]
+                end, values = windows[start]
                 closed = close_at is not None and end <= close_at  # as _closed, per window
                 if closed or (self.mode == "updates" and (key, start) in changed):
                     row = {"key": key, "window_start": start, "window_end": end}
-                    rows.append(row | results(self.aggregates, partial))
+                    rows.append(row | results(self.aggregates, values))
                 if closed:
                     del windows[start]
             if not windows:
                 del state[key]
-        return BatchOutcome(rows, late)
+        return BatchOutcome(rows, list(late or []))
 
     def _assign(self, table: pa.Table, watermark: int | None) -> tuple[pa.Table, list[int]]:
         """The table with :data:`START` (one row per record and window; for sessions the
@@ -122,24 +168,19 @@ class WindowOperator:
             return np.zeros(len(ends), dtype=bool)
         return ends + self.allowed_lateness_ms <= watermark
 
-    def _merge_sessions(self, state: OpenWindows, assigned: pa.Table) -> set[tuple[Any, int]]:
-        """Sessions of the batch (records within the gap merged), then merged with each
-        key's open sessions they overlap or touch."""
-        assert isinstance(self.spec, Session)
-        keys = np.asarray(assigned.column(KEY).to_pylist(), dtype=object)
-        ts = assigned.column(TS).to_numpy(zero_copy_only=False).astype(np.int64)
-        ids, starts, ends = sessions(keys, ts, self.spec.gap_ms)
-        grouped = assigned.set_column(
-            assigned.schema.get_field_index(START), START, pa.array(starts[ids], pa.int64())
-        )
-        _, first_record = np.unique(ids, return_index=True)
-        end_of = {
-            (keys[first_record[sid]], start): end
-            for sid, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
-        }
+    def _merge_sessions(self, state: OpenWindows, partial: pa.Table) -> set[tuple[Any, int]]:
+        """Session partials (of one batch's records, or fragments of them from several
+        tasks) merged, in order of their earliest record, with each key's open sessions
+        they overlap or touch: sessions are the connected runs of ``[ts, ts + gap)``, so
+        merging fragments one by one gives the sessions of all their records."""
+        partial = partial.sort_by(
+            [(KEY, "ascending"), (START, "ascending"), (FIRST_TS, "ascending"),
+             (FIRST_ORDER, "ascending")]
+        )  # fmt: skip
         changed = set()
-        for (key, start), partial in partials(grouped, self.aggregates).items():
-            end = end_of[key, start]
+        for row in partial.to_pylist():
+            key, start, end = row[KEY], row[START], row[END]
+            values = [a.partial(row) for a in self.aggregates]
             windows = state.setdefault(key, {})
             merged: Sequence[Any] | None = None
             for s in sorted(s for s, (e, _) in windows.items() if s <= end and start <= e):
@@ -147,7 +188,7 @@ class WindowOperator:
                 changed.discard((key, s))
                 start, end = min(start, s), max(end, e)
                 merged = merge_partials(self.aggregates, merged, p)
-            windows[start] = [end, merge_partials(self.aggregates, merged, partial)]
+            windows[start] = [end, merge_partials(self.aggregates, merged, values)]
             changed.add((key, start))
         return changed
 
