@@ -429,9 +429,10 @@ def exit_now(code: int) -> NoReturn:
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter runs first: threading's exit hooks (a ThreadPoolExecutor's stop
+    # its idle workers, such as pyiceberg's pool after a publish), then it joins the
+    # non-daemon threads. Joining them without the hooks waited for those workers forever.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -36,6 +36,9 @@ PAUSE_POINTS = (
     "before_publish",
     "in_kafka_transaction",  # a Kafka sink's messages sent, its transaction not committed
     "in_postgres_transaction",  # a PostgreSQL sink's rows written, its transaction open
+    "in_iceberg_commit",  # an Iceberg sink's snapshot written (manifests), not committed
+    "in_iceberg_overwrite",  # the same for a snapshot replacing undone batches' files
+    "after_iceberg_commit",  # an Iceberg sink's snapshot committed, batch not marked published
     "in_delta_optimize",  # `microbatch optimize` wrote its merged files, not committed them
     "after_rewind_commit",  # a rewind (replay, backfill) committed, not published
     "during_reshard",  # a reshard's state files written, its manifest not committed
