@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -137,19 +138,90 @@ class Sink(abc.ABC):
         a pipeline's first batch and refuses to start over a sink with history."""
 
 
-def rows_to_table(sink_name: str, records: Sequence[Any], schema: pa.Schema | None) -> pa.Table:
-    """Plain records as an Arrow table of ``schema`` (inferred without one)."""
-    import pyarrow as pa
+def rows_to_table(
+    sink_name: str, records: Sequence[Any], schema: pa.Schema | None, where: str = ""
+) -> pa.Table:
+    """Plain records (dicts) as an Arrow table of ``schema``, or of an inferred one.
 
+    Inferred, the columns are the union of every record's fields in first-appearance
+    order (null where a record lacks one), each typed over all its values: pyarrow's own
+    ``from_pylist`` takes the fields of the first record only and would drop the rest.
+    Ints and floats in one field become float64 (pyarrow's promotion, which refuses an
+    int a float64 cannot hold exactly); other mixed types are a :class:`SinkError` naming
+    the field. ``where`` (e.g. ``"pipeline 'p' batch 3 instance 1"``) prefixes errors."""
     from microbatch.errors import SinkError
 
+    prefix = f"{where} sink {sink_name!r}" if where else f"sink {sink_name!r}"
+    if schema is not None:
+        try:
+            return pa.Table.from_pylist(list(records), schema=schema)
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise SinkError(
+                f"{prefix}: records do not fit its schema ({e}); first record: {records[0]!r:.300}"
+            ) from e
+    if not records:
+        return pa.table({})
     try:
-        return pa.Table.from_pylist(list(records), schema=schema)
-    except (pa.ArrowException, TypeError, ValueError) as e:
-        raise SinkError(
-            f"sink {sink_name!r}: records do not fit its schema ({e}); first record: "
-            f"{records[0]!r:.300}"
-        ) from e
+        fields = set().union(*records)  # one C-level pass: cheap next to the conversion
+        if len(fields) == len(records[0]):  # the common case: no field beyond the first's
+            return pa.Table.from_pylist(list(records))
+        # pyarrow takes the columns from the first record: lead with one that has every
+        # field (all null, so it types nothing), then drop it (a zero-copy slice).
+        every_field = dict.fromkeys(itertools.chain.from_iterable(records))
+        return pa.Table.from_pylist([every_field, *records]).slice(1)
+    except (pa.ArrowException, TypeError, ValueError, AttributeError) as e:
+        raise inference_error(prefix, records, e) from e
+
+
+def inference_error(prefix: str, records: Sequence[Any], cause: Exception) -> Exception:
+    """Why ``records`` have no inferred schema: a record that is not a dict, or the
+    field whose values have incompatible types (both types and the records that have
+    them); diagnosing rescans the records, which only a failing batch pays."""
+    from microbatch.errors import SinkError
+
+    hint = "declare the sink's schema (a pyarrow.Schema), or make the records agree"
+    for i, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            return SinkError(
+                f"{prefix}: record {i} is a {type(record).__name__}, not a dict: a sink "
+                f"without a schema writes dicts, one field per column ({record!r:.200})"
+            )
+    names = dict.fromkeys(itertools.chain.from_iterable(records))
+    for name in names:
+        values = [record.get(name) for record in records]
+        try:
+            pa.array(values)
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            return SinkError(f"{prefix}: field {name!r} {clash(values, e)}; {hint}")
+    return SinkError(f"{prefix}: no schema can be inferred for its records ({cause}); {hint}")
+
+
+def clash(values: Sequence[Any], cause: Exception) -> str:
+    """The first two values of ``values`` that pyarrow cannot put in one column."""
+    first: int | None = None
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            pa.array([value])
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            return f"has a value no Arrow type holds in record {i} ({value!r:.100}: {e})"
+        if first is None:
+            first = i
+            continue
+        try:
+            pa.array([values[first], value])
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            return (
+                f"has incompatible types: {arrow_type(values[first])} in record {first} "
+                f"({values[first]!r:.100}) and {arrow_type(value)} in record {i} "
+                f"({value!r:.100}): {e}"
+            )
+    return f"has values of incompatible types ({cause})"
+
+
+def arrow_type(value: Any) -> str:
+    return str(pa.array([value]).type)
 
 
 #: Column types a table may be partitioned by (identity partitions: one folder per value).

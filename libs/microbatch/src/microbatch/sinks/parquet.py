@@ -98,7 +98,8 @@ class ParquetSink(Sink):
     Each batch writes ``batch=<id>/part-<instance>.parquet``; a batch becomes visible when
     its entry appears in ``_commits/`` — use :func:`read_parquet_sink` (or follow
     ``_commits/`` yourself) to read only committed batches. ``schema`` (a
-    ``pyarrow.Schema``) is recommended; without it the schema is inferred per file.
+    ``pyarrow.Schema``) is recommended; without it each file's schema is inferred from
+    all its rows (every field any row has; see :func:`~microbatch.sinks.base.rows_to_table`).
     """
 
     name: str
@@ -112,11 +113,12 @@ class ParquetSink(Sink):
         if not self.url:
             raise ConfigError(f"sink {self.name!r}: url is empty")
 
-    def encode(self, rows: Sequence[Any]) -> pa.Table:
-        return rows_to_table(self.name, rows, self.schema)
+    def encode(self, rows: Sequence[Any], where: str = "") -> pa.Table:
+        return rows_to_table(self.name, rows, self.schema, where)
 
     def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
-        return self.stage_table(ctx, self.encode(rows))
+        where = f"pipeline {ctx.pipeline!r} batch {ctx.batch_id} instance {ctx.instance}"
+        return self.stage_table(ctx, self.encode(rows, where))
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         store = open_store(self.url, ctx.settings)
@@ -371,7 +373,11 @@ def committed_batches(store: ObjectStore) -> list[int]:
 
 def read_parquet_sink(url: str, settings: Settings | None = None) -> pa.Table:
     """Every row of every visible batch (committed, not superseded), in batch then
-    instance order."""
+    instance order.
+
+    Files written without a declared schema may differ in columns (null where a file
+    lacks one) and in numeric width (an int column next to a float one reads as float,
+    exactly or not at all); any other difference is a :class:`SinkError`."""
     store = open_store(url, settings)
     tables = []
     entries = commit_entries(store)
@@ -386,4 +392,11 @@ def read_parquet_sink(url: str, settings: Settings | None = None) -> pa.Table:
             tables.append(pq.read_table(io.BytesIO(data)))
     if not tables:
         return pa.table({})
-    return pa.concat_tables(tables, promote_options="default")
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except pa.ArrowException as e:
+        raise SinkError(
+            f"{store.url}: the committed files do not share one schema ({e}); their sink "
+            "inferred a different type per file: declare the sink's schema (a "
+            "pyarrow.Schema) for new batches, and read these files one by one"
+        ) from e
