@@ -1,5 +1,6 @@
 """A window as the first keyed step, its rows re-keyed into a process function with
-timers: the window's rows carry their window's time downstream."""
+timers: the window's rows carry their window's time downstream — from records as
+payloads, and from a declared schema, where stage 1 pre-aggregates the window."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from microbatch.runtime import (
     BatchOptions,
     BatchRunner,
     EventTime,
+    JsonSchema,
     KafkaSource,
     KeyedProcessFunction,
     ParquetSink,
+    windowed,
 )
 from microbatch.sinks import read_parquet_sink
 from tests.integration.runtime.test_batches import new_topic, produce
@@ -40,8 +43,9 @@ class BusiestWindow(KeyedProcessFunction):
         ctx.emit({"window_start": key, **ctx.value("best").get()})
 
 
+@pytest.mark.parametrize("declared", [False, True], ids=["payloads", "declared-schema"])
 def test_window_rows_flow_into_a_keyed_step_with_timers(
-    spark, kafka_settings, bootstrap, admin, tmp_path
+    spark, kafka_settings, bootstrap, admin, tmp_path, declared: bool
 ) -> None:
     values = [
         json.dumps({"card": f"c{i % 5}", "amount": (i * 7) % 50 + i % 5, "ts": 1_000 * i}).encode()
@@ -49,6 +53,7 @@ def test_window_rows_flow_into_a_keyed_step_with_timers(
     ]
     topic = new_topic(admin, 2)
     produce(bootstrap, topic, values)
+    schema = JsonSchema({"card": "string", "amount": "long", "ts": "long"}) if declared else None
     flow = Dataflow(
         "busiest",
         checkpoints=f"{tmp_path}/checkpoints",
@@ -57,7 +62,7 @@ def test_window_rows_flow_into_a_keyed_step_with_timers(
         parallelism=2,
     )
     (
-        flow.source(KafkaSource(topics=(topic,), max_records_per_batch=40))
+        flow.source(KafkaSource(topics=(topic,), max_records_per_batch=40, value_schema=schema))
         .key_by("card")
         .window(windows.tumbling("10s").sum("amount").final(), uid="per-card")
         .key_by("window_start")
@@ -65,6 +70,7 @@ def test_window_rows_flow_into_a_keyed_step_with_timers(
         .to(ParquetSink("busiest", f"{tmp_path}/busiest"))
     )
     pipeline = flow.build()
+    assert (windowed.pre_aggregation(pipeline) is not None) == declared
     results = [
         BatchRunner(spark, pipeline, kafka_settings).run(BatchOptions(run_id=f"r{i}"))
         for i in range(4)

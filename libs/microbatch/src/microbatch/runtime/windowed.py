@@ -10,7 +10,7 @@ end (+ allowed lateness) so the batch that closes it loads that key. Late record
 dead letters (``late_window``) with their coordinates.
 
 **Local-global aggregation** (:func:`pre_aggregation`): for a pipeline with a declared
-value schema whose only keyed step is a window with mergeable aggregates, stage 1
+value schema whose first keyed step is a window with mergeable aggregates, stage 1
 reduces its task's records to partials per (key, window) — per session fragment for
 sessions — with the operator's own group-by (:func:`stage_one_partials`), and decides
 lateness against the batch's starting watermark exactly as stage 2 would (late records
@@ -18,8 +18,10 @@ become ``late_window`` dead letters there, with the same error). Only ``partial`
 cross the exchange: the key once, the window start (and a session's end), the partial
 columns (:func:`exchange_schema`); no topic, offsets or record fields. Stage 2
 (:func:`run_partials`) merges the partials of every task with a second group-by, then
-into the open windows as before. The ``stat`` rows are counted on the records, before
-they are reduced, so the watermark and the batch's counts are what they were.
+into the open windows as before. Keyed steps chained after the window (a dataflow)
+read its emitted rows, keyed for them after it as without partials: only the first
+exchange changes. The ``stat`` rows are counted on the records, before they are reduced,
+so the watermark and the batch's counts are what they were.
 """
 
 from __future__ import annotations
@@ -71,18 +73,22 @@ def source_order(partition: int, offset: int) -> int:
 def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOperator | None:
     """The window operator whose partials stage 1 computes, or None: only for a pipeline
     whose records travel as columns (a declared schema, no enrichment or stateless
-    steps), with one keyed step, a window whose aggregates merge column-wise (not
+    steps), whose first keyed step is a window whose aggregates merge column-wise (not
     ``collect`` or a custom aggregate) and sums no floating-point column: a float sum
     depends on the order of its terms, and the results must be the records path's to the
-    bit. ``enabled``: None, as :data:`PRE_AGGREGATE` says (read when called: the driver
-    decides, the tasks follow)."""
+    bit. Further keyed steps may follow as a chain (each reads the step before): they
+    get the window's emitted rows, keyed for them after the first exchange. Not a graph
+    (``edges``): there a source may feed a later step, its records riding through the
+    first exchange, which carries only partials. ``enabled``: None, as
+    :data:`PRE_AGGREGATE` says (read when called: the driver decides, the tasks
+    follow)."""
     process = pipeline.process
     operator = getattr(process, "operator", None)
     if (
         not (PRE_AGGREGATE if enabled is None else enabled)
         or not getattr(process, "columnar", False)
         or not isinstance(operator, WindowOperator)
-        or pipeline.steps
+        or pipeline.edges
         or columnar_values(pipeline) is None
         or not mergeable(operator.aggregates)
     ):
