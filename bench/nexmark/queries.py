@@ -54,11 +54,6 @@ WINDOW_MS, HOP_MS = 10_000, 2_000
 LATENESS_S = 2
 PARALLELISM, MAX_PARALLELISM = 2, 128
 SCHEMAS = {kind: JsonSchema(fields(kind)) for kind in ("person", "auction", "bid")}
-#: A chain of two keyed steps over a source with a declared schema fails today: the
-#: exchanges of a dataflow (``runtime/spine.py``) carry the plain envelope and drop the
-#: ``value_<field>`` columns the first step reads ('Field "value_auction" does not exist').
-#: q5 and q7 decode per record until it is fixed.
-CHAINS_TAKE_SCHEMAS = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +84,6 @@ class Reading:
 
     schema: bool = False
     max_records: int | None = None
-
-    def in_chain(self) -> Reading:
-        """For a chain of keyed steps: see :data:`CHAINS_TAKE_SCHEMAS`."""
-        return dataclasses.replace(self, schema=self.schema and CHAINS_TAKE_SCHEMAS)
 
 
 def source(topic: str, kind: str, reading: Reading) -> KafkaSource:
@@ -242,7 +233,7 @@ class Hottest(KeyedProcessFunction):
 
 def q5(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root)
-    bids = flow.source(source(topics.bid, "bid", reading.in_chain()))
+    bids = flow.source(source(topics.bid, "bid", reading))
     counts = bids.key_by("auction").window(
         windows.hopping(WINDOW_MS, every=HOP_MS).count().final(), uid="q5-counts"
     )
@@ -290,7 +281,7 @@ class Highest(KeyedProcessFunction):
 
 def q7(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root)
-    bids = flow.source(source(topics.bid, "bid", reading.in_chain()))
+    bids = flow.source(source(topics.bid, "bid", reading))
     best = bids.key_by("auction").process(WindowBest(), uid="q7-auction-best")
     best.key_by("window_start").process(Highest(), uid="q7-highest").to(out(root))
     return flow.build()

@@ -40,3 +40,57 @@ def test_a_lock_that_cannot_be_opened_fails_a_conditional_write_as_a_storage_err
     with pytest.raises(StorageError, match=r"locking .*/lease\.json failed"):
         store.delete_if("lease.json", tag)
     assert store.get("lease.json") == b"held"
+
+
+def test_a_key_locked_by_a_stopped_process_fails_a_conditional_write_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    """A process frozen (SIGSTOP) while holding a key's lock blocked every other writer
+    of the key forever; the wait now ends in a StorageError naming the lock file."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    store = LocalFileStore(tmp_path)
+    store.create("lease", b"v1")
+    _, tag = store.get_tagged("lease")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, signal, sys\n"
+         "from microbatch.storage import LocalFileStore\n"
+         f"store = LocalFileStore({str(tmp_path)!r})\n"
+         "with store._locked('lease'):\n"
+         "    print('locked', flush=True)\n"
+         "    os.kill(os.getpid(), signal.SIGSTOP)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(local_store, "LOCK_WAIT_S", 0.3)
+            with pytest.raises(StorageError, match=r"held .*lock-.* for over 0 s"):
+                store.replace("lease", b"v2", tag)
+        assert store.get("lease") == b"v1"
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert store.replace("lease", b"v2", tag)  # the lock died with its holder
+
+
+def test_the_pause_hook_stops_no_thread_inside_a_key_lock(tmp_path: Path) -> None:
+    """The crash tests' pause stops the whole process: while it holds ``no_lock_held``,
+    no other thread of the process (a lease renewal) can be inside a key's lock — else a
+    paused zombie would block the run taking over from it."""
+    import threading
+
+    store = LocalFileStore(tmp_path)
+    store.create("lease", b"v1")
+    _, tag = store.get_tagged("lease")
+    renewal = threading.Thread(target=store.replace, args=("lease", b"v2", tag))
+    with local_store.no_lock_held():
+        renewal.start()
+        renewal.join(0.3)
+        assert renewal.is_alive() and store.get("lease") == b"v1"
+    renewal.join(5)
+    assert store.get("lease") == b"v2"

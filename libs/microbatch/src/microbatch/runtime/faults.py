@@ -67,5 +67,8 @@ def pause_if(here: str, where: str) -> None:
     """Stop this process (SIGSTOP) at ``here`` if ``MICROBATCH_PAUSE_AT`` names it."""
     assert here in PAUSE_POINTS, here
     if os.environ.get(PAUSE_ENV) == here:
+        from microbatch.storage.local import no_lock_held
+
         log.warning("%s: pausing at %s (%s), pid %s", where, here, PAUSE_ENV, os.getpid())
-        os.kill(os.getpid(), signal.SIGSTOP)
+        with no_lock_held():  # not while a heartbeat thread holds a local store's lock
+            os.kill(os.getpid(), signal.SIGSTOP)

@@ -5,7 +5,10 @@ and renames it over (readers never see half an object); ``create`` writes a temp
 file and hard-links it to the target, which fails if the target exists, so of many racing
 writers exactly one wins and the winner's content is complete when it becomes visible.
 The conditional ``replace``/``delete_if`` compare the content's MD5 (the tag, like S3's
-ETag) under an exclusive ``flock`` per key, so they are atomic across processes.
+ETag) under an exclusive ``flock`` per key, so they are atomic across processes. A
+process frozen while holding one (SIGSTOP, a VM paused) would block every other writer of
+the key: a waiter gives up after :data:`LOCK_WAIT_S` with a :class:`StorageError` naming
+the lock file, instead of hanging.
 Temporary and lock files carry a reserved name prefix and are never listed. Every rename
 or link is followed by an fsync of its folder, so an object (a committed manifest) that a
 call returned for survives a power loss.
@@ -17,6 +20,8 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +36,21 @@ from microbatch.storage.base import (
 )
 
 _TMP_PREFIX = ".mbtmp-"
+#: How long a conditional write waits for another process's lock on its key (held for
+#: milliseconds by a live writer) before failing.
+LOCK_WAIT_S = 60.0
+#: Held by a thread of this process while it holds a key's lock: :func:`no_lock_held`
+#: lets the fault-injection pause stop the process only between such writes.
+_HOLDING = threading.RLock()
+
+
+@contextlib.contextmanager
+def no_lock_held() -> Iterator[None]:
+    """While inside, no thread of this process holds (or takes) a key's lock: the crash
+    tests' pause (``runtime.faults.pause_if``) stops the process here, so a paused zombie
+    stalls at its protocol point, not with a background thread's lease write half done."""
+    with _HOLDING:
+        yield
 
 
 class LocalFileStore:
@@ -187,11 +207,22 @@ class LocalFileStore:
             lock = open(self.root / f"{_TMP_PREFIX}lock-{name}", "a")  # noqa: SIM115
         except OSError as e:
             raise StorageError(f"locking {self.url}/{key} failed: {e}") from e
-        with lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            except OSError as e:
-                raise StorageError(f"locking {self.url}/{key} failed: {e}") from e
+        with lock, _HOLDING:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StorageError(
+                            f"locking {self.url}/{key} failed: another process has held "
+                            f"{lock.name} for over {LOCK_WAIT_S:.0f} s (a stalled or "
+                            "stopped process?); find it with `fuser` and end it"
+                        ) from None
+                    time.sleep(0.005)
+                except OSError as e:
+                    raise StorageError(f"locking {self.url}/{key} failed: {e}") from e
             try:
                 yield
             finally:
