@@ -141,6 +141,9 @@ def run_iceberg(args: argparse.Namespace, parts: list[pa.Table], root: Path) -> 
 
     def one_batch(name: str) -> float:
         sink, batch_id, attempt = sinks[name], next(batch), uuid.uuid4().hex[:8]
+        # The batch's plan, as the runtime stores it first: the Parquet sink checks that
+        # its batch is still retained after staging a part (a stalled attempt's is not).
+        ck.put(Layout().plan_key(batch_id), b"{}")
         t0 = time.perf_counter()
         staged = tuple(
             sink.stage(StageContext("bench", batch_id, i, settings, ck, Layout(), attempt), rows)
