@@ -146,3 +146,26 @@ def test_lazy_records_build_dicts_only_when_read() -> None:
     assert records == [{"user": "a", "n": 2}, {"user": "b", "n": 3}]
     assert records[-1] == {"user": "b", "n": 3} and [r["n"] for r in records] == [2, 3]
     assert pc.sum(records.columns().column("n")).as_py() == 5
+
+
+def test_decoded_records_columns_hold_every_field_not_only_the_first_records() -> None:
+    """Windows over payload records read these columns: when an instance's first record
+    lacked the summed field, the column was missing and every retry of the batch failed
+    (``No match for FieldRef.Name(amount)``)."""
+    from microbatch.runtime.columnar import DecodedRecords
+    from microbatch.windows import Count, Sum, Tumbling
+    from microbatch.windows.aggregate import KEY, ORDER, TS
+    from microbatch.windows.operator import WindowOperator
+
+    records = DecodedRecords(
+        [{"user": "a", "ts": 0}, {"user": "a", "ts": 1, "amount": 5, "page": "/x"}]
+    )
+    columns = records.columns()
+    assert columns.column_names == ["user", "ts", "amount", "page"]
+    assert columns.column("amount").to_pylist() == [None, 5]
+
+    table = columns.append_column(KEY, pa.array(["a", "a"]))
+    table = table.append_column(TS, columns.column("ts")).append_column(ORDER, pa.array([0, 1]))
+    op = WindowOperator(Tumbling("1m"), (Count("n"), Sum("total", "amount")))
+    rows = op.run(table, {}, None, 10**12).rows
+    assert rows == [{"key": "a", "window_start": 0, "window_end": 60_000, "n": 2, "total": 5}]

@@ -215,7 +215,10 @@ class DecodedRecords(list[Any]):
     """Records decoded from payloads: a plain list, plus their columns for windows."""
 
     def columns(self) -> pa.Table:
-        return pa.Table.from_pylist(self) if self else pa.table({})
+        """Every field of any record is a column (null where a record lacks it)."""
+        from microbatch.sinks.base import table_of_dicts
+
+        return table_of_dicts(self)
 
     def record(self, i: int) -> Any:
         return self[i]

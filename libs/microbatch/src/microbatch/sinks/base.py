@@ -159,18 +159,25 @@ def rows_to_table(
             raise SinkError(
                 f"{prefix}: records do not fit its schema ({e}); first record: {records[0]!r:.300}"
             ) from e
-    if not records:
-        return pa.table({})
     try:
-        fields = set().union(*records)  # one C-level pass: cheap next to the conversion
-        if len(fields) == len(records[0]):  # the common case: no field beyond the first's
-            return pa.Table.from_pylist(list(records))
-        # pyarrow takes the columns from the first record: lead with one that has every
-        # field (all null, so it types nothing), then drop it (a zero-copy slice).
-        every_field = dict.fromkeys(itertools.chain.from_iterable(records))
-        return pa.Table.from_pylist([every_field, *records]).slice(1)
+        return table_of_dicts(records)
     except (pa.ArrowException, TypeError, ValueError, AttributeError) as e:
         raise inference_error(prefix, records, e) from e
+
+
+def table_of_dicts(records: Sequence[Any]) -> pa.Table:
+    """Dicts as a table whose columns are the union of their fields, in first-appearance
+    order (pyarrow's ``from_pylist`` alone takes the first dict's fields and drops the
+    rest). Raises what pyarrow raises for values no column can hold."""
+    if not records:
+        return pa.table({})
+    fields = set().union(*records)  # one C-level pass: cheap next to the conversion
+    if len(fields) == len(records[0]):  # the common case: no field beyond the first's
+        return pa.Table.from_pylist(list(records))
+    # Lead with a dict that has every field (all null, so it types nothing), then drop it
+    # (a zero-copy slice).
+    every_field = dict.fromkeys(itertools.chain.from_iterable(records))
+    return pa.Table.from_pylist([every_field, *records]).slice(1)
 
 
 def inference_error(prefix: str, records: Sequence[Any], cause: Exception) -> Exception:
