@@ -44,11 +44,22 @@ def s3_port(settings: Settings) -> int:
     return url.port or 80
 
 
-def _bucket_exists(settings: Settings) -> bool:
+#: Objects read back before a restarted server counts as up (see :func:`_serving`).
+PROBED_OBJECTS = 50
+
+
+def _serving(settings: Settings) -> bool:
+    """The bucket exists, and the objects it already holds (a restart over old data) read
+    back: SeaweedFS answers for the bucket before its volume server has loaded the old
+    volumes, and reads of old objects fail with ``InternalError`` meanwhile (seen: ~2 s,
+    longer than a store's retries)."""
     import boto3  # local import: the stack CLI should start fast
 
     client = boto3.client("s3", **settings.boto3_client_kwargs())
     client.head_bucket(Bucket=settings.s3_bucket)
+    listed = client.list_objects_v2(Bucket=settings.s3_bucket, MaxKeys=PROBED_OBJECTS)
+    for entry in listed.get("Contents", ()):
+        client.get_object(Bucket=settings.s3_bucket, Key=entry["Key"])["Body"].read()
     return True
 
 
@@ -110,7 +121,7 @@ class SeaweedFS:
         self.process.start(
             self.argv(),
             env=env,
-            ready=lambda: _bucket_exists(self.settings),
+            ready=lambda: _serving(self.settings),
             timeout=timeout,
             hint="Check the log below; `make stack-down` clears an old stack.",
         )
