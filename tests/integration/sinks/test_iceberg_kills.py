@@ -140,7 +140,9 @@ def test_a_run_killed_at_each_point_of_its_iceberg_publish_leaves_each_row_once_
     batch = 3 if point == "in_iceberg_overwrite" else 1
     assert not published(lake, batch)
 
-    killed = start_batch(kafka_settings, lake.job, "killed", point)
+    # Retries of the crashed run (its run id): each takes the lease over at once, however
+    # recently the run before it renewed the lease (another id must see it expire first).
+    killed = start_batch(kafka_settings, lake.job, "crashed", point)
     wait_stopped(killed)  # its recovery step publishing the committed batch
     kill(killed)
 
@@ -148,7 +150,7 @@ def test_a_run_killed_at_each_point_of_its_iceberg_publish_leaves_each_row_once_
         assert rows(lake) == reference(lake.batches) and not published(lake, batch)
     else:  # nothing of the batch is visible: batch 1's old rows stay until replaced
         assert rows(lake) == before
-    result = lake.run(spark, kafka_settings, "rerun")
+    result = lake.run(spark, kafka_settings, "crashed")
 
     assert result.recovered_publish == batch and result.records_in == 0
     assert rows(lake) == reference(lake.batches)
