@@ -87,6 +87,28 @@ _SECRET_FIELDS = frozenset({"s3_secret_access_key", "kafka_sasl_password", "post
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SPARK_LOG_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
+#: kafka-python consumer settings a source may tune (``KafkaSource(consumer_config=...)``):
+#: each has a Java consumer setting of the same meaning and words (``fetch_max_wait_ms`` →
+#: ``fetch.max.wait.ms``), so both readers take them.
+KAFKA_TUNABLE = frozenset(
+    {
+        "client_id",
+        "client_rack",
+        "connections_max_idle_ms",
+        "fetch_max_bytes",
+        "fetch_max_wait_ms",
+        "fetch_min_bytes",
+        "max_partition_fetch_bytes",
+        "max_poll_records",
+        "metadata_max_age_ms",
+        "receive_buffer_bytes",
+        "reconnect_backoff_max_ms",
+        "reconnect_backoff_ms",
+        "request_timeout_ms",
+        "retry_backoff_ms",
+        "send_buffer_bytes",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from microbatch.errors import ConfigError, DataLossError, SourceError
 from microbatch.kafka.offsets import OffsetRange, TopicPartition
 from microbatch.kafka.reader import KAFKA_SPARK_SCHEMA, build_consumer_config
+from microbatch.settings import KAFKA_TUNABLE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,30 +62,14 @@ _HEADERS_DDL = "array<struct<key: string, value: binary>>"
 POLL_TIMEOUT_MS = 60_000
 
 #: kafka-python settings whose Java consumer setting has the same meaning and the same
-#: words, joined by dots (``fetch_max_bytes`` → ``fetch.max.bytes``).
-_SAME_MEANING = frozenset(
-    {
-        "client_id",
-        "client_rack",
-        "connections_max_idle_ms",
-        "fetch_max_bytes",
-        "fetch_max_wait_ms",
-        "fetch_min_bytes",
-        "max_partition_fetch_bytes",
-        "max_poll_records",
-        "metadata_max_age_ms",
-        "receive_buffer_bytes",
-        "reconnect_backoff_max_ms",
-        "reconnect_backoff_ms",
-        "request_timeout_ms",
-        "retry_backoff_ms",
-        "sasl_kerberos_service_name",
-        "sasl_mechanism",
-        "security_protocol",
-        "send_buffer_bytes",
-        "socket_connection_setup_timeout_ms",
-    }
-)
+#: words, joined by dots (``fetch_max_bytes`` → ``fetch.max.bytes``): those a source may
+#: tune (:data:`~microbatch.settings.KAFKA_TUNABLE`), plus the deployment's.
+_SAME_MEANING = KAFKA_TUNABLE | {
+    "sasl_kerberos_service_name",
+    "sasl_mechanism",
+    "security_protocol",
+    "socket_connection_setup_timeout_ms",
+}
 #: Consumer defaults of the JVM reader, in kafka-python names. Not the Python reader's
 #: 16/64 MB fetch sizes: Spark caches each read's consumers for minutes (a new group per
 #: query), each holding a prefetched fetch, and 16 MB each exhausted a 1 GB driver heap in

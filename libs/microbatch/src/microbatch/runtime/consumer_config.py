@@ -15,28 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from microbatch.errors import ConfigError
+from microbatch.settings import KAFKA_TUNABLE as TUNABLE
 
-#: kafka-python settings a source may set: each has a Java consumer setting of the same
-#: meaning and words (``fetch_max_wait_ms`` → ``fetch.max.wait.ms``).
-TUNABLE = frozenset(
-    {
-        "client_id",
-        "client_rack",
-        "connections_max_idle_ms",
-        "fetch_max_bytes",
-        "fetch_max_wait_ms",
-        "fetch_min_bytes",
-        "max_partition_fetch_bytes",
-        "max_poll_records",
-        "metadata_max_age_ms",
-        "receive_buffer_bytes",
-        "reconnect_backoff_max_ms",
-        "reconnect_backoff_ms",
-        "request_timeout_ms",
-        "retry_backoff_ms",
-        "send_buffer_bytes",
-    }
-)
 #: Settings the readers fix: they decide which records a planned range returns.
 FIXED = frozenset(
     {"enable_auto_commit", "isolation_level", "auto_offset_reset", "group_id", "check_crcs"}
