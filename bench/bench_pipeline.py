@@ -29,10 +29,11 @@ CPU-s = CPU time of this process, the Spark JVM and its Python workers during th
 Kafka broker's excluded). Both engines first run once, untimed, over a small warm-up topic
 (``--warmup``), so neither pays the JVM's and the Python workers' one-time start-up inside
 its measurement; ``--repeat N`` rotates the engines N times (fresh checkpoints each time)
-and keeps each one's best run. Every run is printed with the machine's load average, since
-a busy machine skews one engine's measurement more than the other's. Target:
-microbatch / Structured Streaming ≥ 1.0. The final count of every user must be equal in
-both outputs and sum to ``--records``; the table says whether they match.
+and reports the ratio of their median runs (and of their best). Every run is printed with
+the machine's load average, since a busy machine skews one engine's measurement more than
+the other's. Target: microbatch / Structured Streaming ≥ 1.0. The final count of every
+user must be equal in both outputs and sum to ``--records``; the table says whether they
+match.
 
 Uses the broker at ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set (e.g. ``make stack``),
 else starts a Kafka broker on free loopback ports and stops it at the end.
@@ -45,7 +46,7 @@ driver's REST API: where the time goes.
 (``KafkaSource(value_schema=JsonSchema({"user_id": "string", "page": "string", "ts":
 "long"}))``, no enrichment, as the reference has none): stage 1 decodes each Arrow batch
 of values with ``pyarrow.json`` and keys it per distinct key, stage 2 counts
-``len(records)`` without building a record. Target then: ≥ 2.0. An extra row runs the
+``len(records)`` without building a record. Target then: ≥ 2.5 (issue #33). An extra row runs the
 same keyed count without a schema (per-record JSON) and without enrichment: what the
 schema itself buys.
 
@@ -428,15 +429,18 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     match, detail = compare(mb_counts, ss_counts, args.records)
     if py_counts != mb_counts:
         match, detail = False, f"the kafka-python reader's counts differ; {detail}"
-    best = {name: min(xs) for name, xs in runs.items() if xs}
-    rate = {name: args.records / b[0] for name, b in best.items()}
+    # Ratios are of medians (of the best runs too, as a second figure): one lucky or
+    # unlucky run on a shared 2-core machine says little.
+    done = {name: [r[0] for r in xs] for name, xs in runs.items() if xs}
+    rate = {name: args.records / statistics.median(walls) for name, walls in done.items()}
+    best = {name: args.records / min(walls) for name, walls in done.items()}
 
     def described(xs: list[Run]) -> str:
         listed = "; ".join(f"{s:.2f} s, {cpu:.1f} CPU-s ({where} at start)" for s, cpu, where in xs)
-        return ("best of " if len(xs) > 1 else "") + listed
+        return (f"median of {len(xs)}: " if len(xs) > 1 else "") + listed
 
     what = "declared schema, keyed count" if args.schema else "enrich + keyed count"
-    target = 2.0 if args.schema else 1.0
+    target = 2.5 if args.schema else 1.0
     rows = [
         (
             f"microbatch (JVM Kafka reader, {what}, P={PARALLELISM})",
@@ -452,7 +456,10 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
         (
             "microbatch / Structured Streaming",
             f"{rate['spark'] / rate['ss']:.3f}",
-            f"target ≥ {target}: {'met' if rate['spark'] >= target * rate['ss'] else 'NOT met'}",
+            f"medians; target ≥ {target}: "
+            f"{'met' if rate['spark'] >= target * rate['ss'] else 'NOT met'}; "
+            f"bests: {best['spark']:,.0f}/s ÷ {best['ss']:,.0f}/s = "
+            f"{best['spark'] / best['ss']:.3f}",
         ),
     ]
     if args.schema:
@@ -508,7 +515,7 @@ def main() -> None:
     parser.add_argument(
         "--schema",
         action="store_true",
-        help="the keyed count with a declared value schema (no enrichment); target 2.0",
+        help="the keyed count with a declared value schema (no enrichment); target 2.5",
     )
     parser.add_argument(
         "--no-python-reader",

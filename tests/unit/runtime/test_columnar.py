@@ -169,3 +169,61 @@ def test_decoded_records_columns_hold_every_field_not_only_the_first_records() -
     op = WindowOperator(Tumbling("1m"), (Count("n"), Sum("total", "amount")))
     rows = op.run(table, {}, None, 10**12).rows
     assert rows == [{"key": "a", "window_start": 0, "window_end": 60_000, "n": 2, "total": 5}]
+
+
+def test_known_keys_give_each_key_its_own_bytes_and_group_across_batches() -> None:
+    from microbatch.keygroups import encode_key, key_group_of_bytes
+    from microbatch.runtime.columnar import KnownKeys
+
+    known = KnownKeys(max_parallelism=128)
+    batches = [["a", "b", "c"], ["c", "d", "a"], ["e"], ["b", "e", "f", "a"]]
+    for keys in batches:
+        kbs, kgs = known.lookup(pa.array(keys))
+
+        expected = [encode_key(k) for k in keys]
+        assert kbs.to_pylist() == expected, keys
+        assert kgs.tolist() == [key_group_of_bytes(kb, 128) for kb in expected], keys
+    assert known.keys is not None and sorted(known.keys.to_pylist()) == list("abcdef")
+
+
+def test_known_keys_start_over_past_their_limit_and_keep_integer_keys_exact() -> None:
+    from microbatch.keygroups import encode_key
+    from microbatch.runtime.columnar import KnownKeys
+
+    known = KnownKeys(max_parallelism=16)
+    known.LIMIT = 4
+    known.lookup(pa.array([1, 2, 3], pa.int64()))
+    kbs, _ = known.lookup(pa.array([3, -2, 7], pa.int64()))  # 6 > 4: forgets 1, 2
+
+    assert kbs.to_pylist() == [encode_key(3), encode_key(-2), encode_key(7)]
+    assert known.keys is not None and known.keys.to_pylist() == [3, -2, 7]
+    assert not KnownKeys.takes(pa.float64()) and not KnownKeys.takes(pa.bool_())
+
+
+def test_row_dicts_give_each_key_its_rows_whatever_the_order_of_reads() -> None:
+    from microbatch.runtime.columnar import RowDicts
+
+    table = pa.table({"user": [f"u{i % 7}" for i in range(500)], "n": list(range(500))})
+    rows = pc.sort_indices(table, [("user", "ascending"), ("n", "ascending")])
+    every = table.take(rows).to_pylist()
+    ranges = [(i, min(i + 1 + i % 5, 500)) for i in range(0, 500, 6)]
+    for order in (ranges, ranges[::-1], ranges[::3] + ranges[1::3]):
+        built = RowDicts(table, rows)
+        for i, j in order:
+            assert built.between(i, j) == every[i:j], (i, j)
+
+
+def test_row_dicts_build_ahead_only_while_keys_are_read_one_after_another() -> None:
+    from microbatch.runtime.columnar import RowDicts
+
+    table = pa.table({"n": list(range(100_000))})
+    rows = pa.array(range(100_000))
+    sequential = RowDicts(table, rows)
+    for i in range(0, 20_000, 10):  # every key of 10 rows, in order
+        sequential.between(i, i + 10)
+    assert sequential._run == RowDicts.MOST and len(sequential._built) == RowDicts.MOST
+
+    sparse = RowDicts(table, rows)
+    for i in range(0, 100_000, 5_000):  # a key here and there
+        assert sparse.between(i, i + 3) == [{"n": i}, {"n": i + 1}, {"n": i + 2}]
+        assert len(sparse._built) == RowDicts.LEAST  # its rows and a few after

@@ -306,7 +306,7 @@ def _stat_rows(
     if pc.any(pc.match_substring(topics, FOR)).as_py():  # rows for a later step: by source
         source = pc.replace_substring_regex(topics, f"{FOR}.*$", "")
         table = table.set_column(table.schema.get_field_index("topic"), "topic", source)
-    grouped = table.group_by(["topic", "partition", "kind"]).aggregate(
+    grouped = table.group_by(["topic", "partition", "kind"], use_threads=False).aggregate(
         [("offset", "count"), ("offset", "sum"), ("event_ts", "max")]
     )
     sums: dict[tuple[str, int], dict[str, int]] = {}

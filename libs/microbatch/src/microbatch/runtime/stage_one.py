@@ -25,7 +25,7 @@ import pyarrow as pa
 from microbatch.errors import MicrobatchError, ProcessError, error_text
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
-from microbatch.runtime.columnar import columnar_envelopes
+from microbatch.runtime.columnar import KnownKeys, columnar_envelopes
 from microbatch.runtime.envelope import (
     OUTPUT,
     PENDING,
@@ -241,6 +241,11 @@ class StageOne:
     @functools.cached_property
     def _str_keys(self) -> dict[str, tuple[bytes, int]]:
         """(key bytes, key-group) of the string keys seen in this task: a key repeats."""
+        return {}
+
+    @functools.cached_property
+    def _known_keys(self) -> dict[str, KnownKeys]:
+        """Per Arrow key type: the distinct keys of the columnar path seen in this task."""
         return {}
 
     @functools.cached_property
