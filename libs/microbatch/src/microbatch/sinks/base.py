@@ -153,6 +153,8 @@ def rows_to_table(
 
     prefix = f"{where} sink {sink_name!r}" if where else f"sink {sink_name!r}"
     if schema is not None:
+        if (table := table_of_typed_dicts(records, schema)) is not None:
+            return table
         try:
             return pa.Table.from_pylist(list(records), schema=schema)
         except (pa.ArrowException, TypeError, ValueError) as e:
@@ -163,6 +165,29 @@ def rows_to_table(
         return table_of_dicts(records)
     except (pa.ArrowException, TypeError, ValueError, AttributeError) as e:
         raise inference_error(prefix, records, e) from e
+
+
+def table_of_typed_dicts(records: Sequence[Any], schema: pa.Schema) -> pa.Table | None:
+    """Plain dicts as a table of ``schema`` in one pass of Arrow's own converter (a struct
+    array, split into columns): about twice as fast as ``from_pylist``, which gathers
+    every column in Python first, and the same table — each value goes through the same
+    conversion, a missing field is null, an extra one ignored. None when that sameness is
+    not certain, so the caller takes ``from_pylist`` (and its errors): a record that is
+    not exactly a dict (a tuple would fill a struct by position), a first record without
+    any of the schema's names (Arrow would then match ``bytes`` keys too), repeated
+    column names, or values Arrow refuses."""
+    if not records or len(set(schema.names)) != len(schema.names):
+        return None
+    if set(map(type, records)) != {dict} or not any(n in records[0] for n in schema.names):
+        return None
+    try:
+        values = pa.array(records, type=pa.struct(schema))
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
+    if not isinstance(values, pa.StructArray):  # chunked: too large for one array
+        return None
+    batch = pa.RecordBatch.from_struct_array(values)
+    return pa.Table.from_batches([batch]).replace_schema_metadata(schema.metadata)
 
 
 def table_of_dicts(records: Sequence[Any]) -> pa.Table:
