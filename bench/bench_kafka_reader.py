@@ -10,8 +10,8 @@ single-partition topic and as many into a fresh 4-partition topic, then measures
   reader's fetch settings (the fair reference: same bytes per round trip);
 - :func:`microbatch.kafka.read_range` over the same offsets, building Arrow batches
   (target: ≥ 0.8 × the raw loop with the same fetch settings);
-- :func:`read_range_confluent` (below): the same range, the same Arrow batches, read by
-  confluent-kafka (librdkafka, the standard C client).
+- :func:`microbatch.kafka.read_range_confluent`: the same range, the same Arrow batches,
+  read by confluent-kafka (librdkafka, the standard C client).
 
 **Four partitions, the ways stage 1 can read a batch's planned ranges** (one range per
 partition; CPU-s = CPU time of every process involved, the broker's excluded):
@@ -26,8 +26,8 @@ partition; CPU-s = CPU time of every process involved, the broker's excluded):
 - ``read_range`` inside the ``mapInArrow`` tasks over ``range_descriptors`` (today's
   ``KafkaSource(reader="python")``, as ``execute.read_planned`` runs it), counting rows in
   the same Python worker (nothing goes back to the JVM);
-- ``read_range_confluent`` inside those tasks, likewise (what a confluent library reader
-  would cost);
+- ``read_range_confluent`` inside those tasks, likewise (``KafkaSource(reader="confluent")``,
+  as ``execute.read_planned`` runs it);
 - below the table, a job of the same tasks reading nothing: the fixed cost of a Spark job
   that every Spark row includes.
 
@@ -39,12 +39,8 @@ Then ``--repeat`` rounds rotate the readers' order; each run prints the load ave
 start; the table shows median and best, and the ratios of the medians against the JVM path
 (records/s, and records per CPU-second).
 
-``read_range_confluent`` returns exactly what ``read_range`` returns: ``read_committed``,
-no offset reset (a deleted start is a ``DataLossError``), nothing at or past ``end``
-(it asks ``consume`` for at most the offsets left), and a range whose tail has no records
-(transaction markers, aborted or compacted records) ends at librdkafka's end-of-partition
-event at or past ``end`` or at the first record past it, as ``read_range`` ends when the
-consumer's position passes ``end``.
+``read_range_confluent`` (``microbatch.kafka.confluent_reader``, which says how) returns
+exactly what ``read_range`` returns; the bench checks that again on its data.
 
 Uses the broker at ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set (e.g. ``make stack``),
 else starts a Kafka broker on free loopback ports and stops it at the end.
@@ -72,160 +68,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from benchlib import kafka_settings, load, log, spark_cpu_seconds
 
-from microbatch.errors import DataLossError, SourceError
-from microbatch.kafka import KAFKA_SCHEMA, OffsetRange, read_range, read_ranges_spark
-from microbatch.kafka.reader import _headers_array, build_consumer_config, range_descriptors
+from microbatch.kafka import OffsetRange, read_range, read_range_confluent, read_ranges_spark
+from microbatch.kafka.confluent_reader import read_descriptors_confluent
+from microbatch.kafka.reader import build_consumer_config, range_descriptors
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
 USERS = 10_000
 TS0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 PAGES = ("/", "/products", "/products/42", "/cart", "/checkout", "/search?q=kafka", "/help")
-
-# The confluent-kafka range reader -----------------------------------------------------------
-
-#: librdkafka settings that decide *which* records are returned (as read_range's fixed
-#: kafka-python settings). librdkafka wants a group.id even for ``assign``: nothing joins
-#: or commits to it.
-CONFLUENT_FIXED: dict[str, Any] = {
-    "group.id": "microbatch-range-reader",
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-    "isolation.level": "read_committed",
-    "auto.offset.reset": "error",
-    "enable.partition.eof": True,
-    "check.crcs": True,
-}
-#: Throughput settings. librdkafka's 1 s ``fetch.queue.backoff.ms`` (how long a fetch waits
-#: once the prefetch queue is full) stalls a reader that drains the queue quickly: 180k
-#: records/s with it, 700-900k with 10 ms, at the same CPU. 16 MB partition fetches (as
-#: read_range's) were no faster than librdkafka's 1 MB. ``fetch.wait.max.ms``: the ranges
-#: are already written, nothing to wait for at the end of the log (as the JVM reader's).
-CONFLUENT_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": 10, "fetch.wait.max.ms": 10}
-#: How long one ``consume`` call waits for all the messages it asked for before returning
-#: those that came; a range ending in offsets without records at the log's end waits it once.
-CONSUME_WAIT_S = 0.05
-
-
-def _confluent_batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
-    """One ``KAFKA_SCHEMA`` batch from confluent-kafka ``Message``s: whole columns at once."""
-    from confluent_kafka import Message
-
-    n = len(records)
-    headers = list(map(Message.headers, records))  # None, not [], without headers
-    if any(headers):
-        headers = [h or () for h in headers]
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(list(map(Message.key, records)), pa.binary()),
-            pa.array(list(map(Message.value, records)), pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array(list(map(Message.offset, records)), pa.int64()),
-            pa.array([ts for _, ts in map(Message.timestamp, records)], pa.int64()),
-            _headers_array(headers),
-        ],
-        schema=KAFKA_SCHEMA,
-    )
-
-
-def read_range_confluent(
-    bootstrap_servers: str,
-    r: OffsetRange,
-    *,
-    batch_rows: int = 10_000,
-    poll_timeout_s: float = 60.0,
-    config: Mapping[str, Any] | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """The committed records of ``r`` as Arrow batches of up to ``batch_rows`` rows, read
-    with confluent-kafka: the same records and schema as :func:`read_range`.
-
-    ``seen`` is the offset below which every offset is accounted for: past the last record
-    returned, or at librdkafka's end-of-partition event (which moves past transaction
-    markers and aborted or compacted records at the end of the log). A range ending
-    mid-log at such offsets ends at the first record at or past ``r.end``, not returned."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    if r.count == 0:
-        return
-    where = f"{r.tp} [{r.start}, {r.end}) on {bootstrap_servers}"
-    permanent = {
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    }
-    consumer = Consumer(
-        {
-            **CONFLUENT_DEFAULTS,
-            **(config or {}),
-            "bootstrap.servers": bootstrap_servers,
-            **CONFLUENT_FIXED,
-        }
-    )
-    pending: list[Any] = []
-    try:
-        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-        seen = r.start
-        last_progress = time.monotonic()
-        while seen < r.end:
-            before = seen
-            # Never ask for more than the offsets left: no record past the range is taken
-            # from librdkafka's queue unless the range has gaps.
-            wanted = min(batch_rows - len(pending), r.end - seen)
-            messages = consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT_S)
-            records = messages
-            if any(m.error() is not None for m in messages):
-                records = []
-                for m in messages:
-                    error = m.error()
-                    if error is None:
-                        records.append(m)
-                    elif error.code() == KafkaError._PARTITION_EOF:
-                        seen = max(seen, m.offset())
-                    elif error.code() == KafkaError._AUTO_OFFSET_RESET:
-                        raise DataLossError(
-                            f"reading {where}: offset {seen} is not available ({error.str()}): "
-                            "retention deleted it after the batch was planned. Rerun with "
-                            "`microbatch run --replan` to plan the batch again."
-                        )
-                    elif error.fatal() or error.code() in permanent:
-                        raise SourceError(f"reading {where} at offset {seen}: {error.str()}")
-                    # else transient (a broker connection lost): librdkafka retries it
-            if records:
-                if records[-1].offset() >= r.end:
-                    records = [m for m in records if m.offset() < r.end]
-                    seen = r.end
-                if records:
-                    seen = max(seen, records[-1].offset() + 1)
-                    pending.extend(records)
-                    if len(pending) >= batch_rows:
-                        yield _confluent_batch(r.topic, r.partition, pending)
-                        pending = []
-            if seen > before:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > poll_timeout_s:
-                raise SourceError(
-                    f"reading {where}: no progress for {poll_timeout_s:.0f} s at offset {seen} "
-                    f"(wanted up to {r.end}). Is the broker reachable, and was the range "
-                    "planned against this cluster's end offsets?"
-                )
-        if pending:
-            yield _confluent_batch(r.topic, r.partition, pending)
-    finally:
-        consumer.close()
-
-
-def read_descriptors_confluent(
-    batches: Iterable[pa.RecordBatch], bootstrap_servers: str
-) -> Iterator[pa.RecordBatch]:
-    """``read_descriptors`` with confluent-kafka: the body of a ``mapInArrow`` over
-    ``range_descriptors`` rows."""
-    for batch in batches:
-        for row in batch.to_pylist():
-            piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-            yield from read_range_confluent(bootstrap_servers, piece)
-
 
 # The data ------------------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
 """A pipeline on a secured cluster: every Kafka client of a batch authenticates with SASL.
 
 The run's broker also listens with SASL_PLAINTEXT (PLAIN and SCRAM); ``sasl_settings``
-point at that listener. Planning, both stage-1 readers (Spark's Kafka source in the JVM and
-kafka-python in the tasks), the transactional Kafka sink and the offset mirror must all
-connect as the configured user; a wrong password must fail the batch before anything is
-committed, saying what to check.
+point at that listener. Planning, the stage-1 readers (Spark's Kafka source in the JVM,
+kafka-python and confluent-kafka in the tasks), the transactional Kafka sink and the
+offset mirror must all connect as the configured user; a wrong password must fail the
+batch before anything is committed, saying what to check.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def source_topic(bootstrap, admin) -> str:
         ("python", "PLAIN"),
         ("spark", "SCRAM-SHA-512"),
         ("python", "SCRAM-SHA-256"),
+        ("confluent", "SCRAM-SHA-512"),
     ],
 )
 def test_a_batch_on_a_sasl_cluster_reads_publishes_and_mirrors_as_the_configured_user(

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from microbatch.errors import BatchError, ConfigError
 from microbatch.kafka import BatchPlan, BrokerView
+from microbatch.kafka.confluent_reader import ReadingWithConfluent
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
@@ -39,12 +40,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
+_READER_NAMES = {"spark": "Spark's Kafka source", "confluent": "confluent-kafka"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
     """What one execution of a batch produced: every instance's result, in instance
-    order, and the stage-1 reader used ("spark", "python", or None: nothing to read)."""
+    order, and the stage-1 reader used ("spark", "python", "confluent", or None: nothing
+    to read)."""
 
     results: tuple[InstanceResult, ...]
     reader: str | None
@@ -168,21 +171,25 @@ class SparkExecutor:
     ) -> tuple[Any, str | None]:
         """``process`` over the records of the planned ranges, read by the pipeline's
         ``KafkaSource.reader`` choice: Spark's Kafka source in the JVM, then ``process`` in
-        a ``mapInArrow`` over its rows; or kafka-python inside the ``mapInArrow`` tasks
-        themselves, one range per task (``range_descriptors``)."""
+        a ``mapInArrow`` over its rows; or kafka-python (or confluent-kafka) inside the
+        ``mapInArrow`` tasks themselves, one range per task (``range_descriptors``)."""
         if not plan.ranges:
             return self.spark.createDataFrame([], envelope_type), None
         bootstrap = self.settings.kafka_bootstrap_servers
         source = self.pipeline.source
         requested = source.reader
-        problem = None if requested == "python" else connector_problem(self.spark)
-        reader = choose_reader(self.pipeline.name, requested, problem)
+        problem = None if requested in ("python", "confluent") else connector_problem(self.spark)
+        reader = (
+            "confluent"
+            if requested == "confluent"
+            else choose_reader(self.pipeline.name, requested, problem)
+        )
         log.info(
             "pipeline %s batch %s: stage 1 reads %d ranges with %s",
             self.pipeline.name,
             plan.batch_id,
             len(plan.ranges),
-            "Spark's Kafka source" if reader == "spark" else "kafka-python",
+            _READER_NAMES.get(reader, "kafka-python"),
         )
         if reader == "spark":
             rows = read_ranges_spark(
@@ -197,6 +204,9 @@ class SparkExecutor:
         # None only without a non-empty range: plan.ranges holds only non-empty ones.
         descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
         config = self.settings.kafka_client_config(source.consumer_config)
+        if reader == "confluent":
+            confluent = ReadingWithConfluent(process, bootstrap, config)
+            return descriptors.mapInArrow(confluent, envelope_type), reader
         reading = ReadingStageOne(process, bootstrap, config)
         return descriptors.mapInArrow(reading, envelope_type), reader
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from microbatch.errors import ConfigError
+from microbatch.kafka.confluent_reader import librdkafka_config
 from microbatch.keygroups import check_max_parallelism
 from microbatch.runtime.consumer_config import check_consumer_config
 from microbatch.runtime.graph import Edge, check_edges
@@ -55,8 +56,8 @@ __all__ = [
 
 Decoder = Callable[[bytes], Any]
 OnOutOfRange = Literal["fail", "earliest"]
-KafkaReader = Literal["auto", "python", "spark"]
-_READERS = ("auto", "python", "spark")
+KafkaReader = Literal["auto", "python", "spark", "confluent"]
+_READERS = ("auto", "python", "spark", "confluent")
 WatermarkRule = Literal["min_partition", "global_max"]
 _WATERMARK_RULES = ("min_partition", "global_max")
 
@@ -79,8 +80,10 @@ class KafkaSource:
     ``reader``: what reads the planned offset ranges in stage 1 — ``"spark"``, Spark's own
     Kafka source in the JVM (``spark-sql-kafka-0-10`` must be on the session's classpath;
     several times less CPU per record), ``"python"``, kafka-python inside the stage-1
-    tasks, or ``"auto"`` (default): the JVM source when the session has the connector,
-    else kafka-python. Both read exactly the same records.
+    tasks, ``"confluent"``, confluent-kafka (librdkafka) inside the stage-1 tasks (the
+    least CPU per record; needs the ``confluent-kafka`` package on the executors), or
+    ``"auto"`` (default): the JVM source when the session has the connector, else
+    kafka-python. All read exactly the same records.
 
     ``value_schema``: the values' declared schema (:class:`~microbatch.runtime.schema.
     JsonSchema`), instead of ``decoder``. Values are then decoded into Arrow columns, a
@@ -94,7 +97,8 @@ class KafkaSource:
     :class:`~microbatch.joins.TableJoin` takes them (``docs/joins.md``).
 
     ``consumer_config``: Kafka consumer settings in kafka-python's names (such as
-    ``fetch_max_wait_ms``), for either reader (:mod:`microbatch.runtime.consumer_config`);
+    ``fetch_max_wait_ms``), for any reader (:mod:`microbatch.runtime.consumer_config`;
+    ``"confluent"`` refuses those librdkafka has no setting for, such as ``max_poll_records``);
     security is the deployment's (:class:`~microbatch.settings.Settings`), not here.
     """
 
@@ -162,6 +166,8 @@ class KafkaSource:
             )
         where = f"KafkaSource of {list(self.topics)}"
         config = check_consumer_config(where, self.consumer_config)
+        if self.reader == "confluent":
+            librdkafka_config(config, where=where)
         object.__setattr__(self, "consumer_config", config or None)
 
     def key_of_tombstone(self, kafka_key: bytes | None) -> Any:

@@ -1,0 +1,328 @@
+"""Read planned offset ranges with confluent-kafka (librdkafka, the C client).
+
+The same contract and the same Arrow batches as :mod:`microbatch.kafka.reader`'s
+kafka-python reader — exactly the committed records of ``[start, end)``, a deleted start
+is a :class:`DataLossError`, no progress for ``poll_timeout_s`` a :class:`SourceError` —
+for about a third of its CPU: librdkafka fetches and decompresses in C threads, Python
+only builds the columns (``bench/bench_kafka_reader.py``).
+
+How the loop knows a range is done without waiting for offsets that hold no record
+(transaction markers, aborted or compacted records): ``seen``, the offset below which
+every offset is accounted for, moves past each record returned, to librdkafka's
+end-of-partition event (which steps over such offsets at the end of the log), and to
+``end`` when a record at or past ``end`` arrives (not returned). ``consume`` is never asked
+for more messages than offsets left, so a range without gaps takes nothing past its end
+from librdkafka's queue, and asking for more would wait the whole call's timeout.
+
+Settings come in kafka-python's names (``Settings.kafka_client_config``, a source's
+``consumer_config``) and are mapped to librdkafka's (:func:`librdkafka_config`); one that
+has no librdkafka setting of the same meaning is refused, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from microbatch.errors import ConfigError, DataLossError, SourceError
+from microbatch.kafka.offsets import OffsetRange
+from microbatch.kafka.reader import KAFKA_SCHEMA, _headers_array, build_consumer_config
+
+log = logging.getLogger(__name__)
+
+#: librdkafka settings that decide *which* records are returned (as read_range's fixed
+#: kafka-python ones). librdkafka wants a group.id even for ``assign``: nothing joins or
+#: commits to it.
+FIXED: dict[str, Any] = {
+    "group.id": "microbatch-range-reader",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "error",
+    "enable.partition.eof": True,
+    "check.crcs": True,
+}
+#: Throughput defaults. librdkafka's 1 s ``fetch.queue.backoff.ms`` (how long a fetch
+#: waits once the prefetch queue is full) stalls a reader that drains the queue quickly:
+#: 180k records/s with it, 700-900k with 10 ms, at the same CPU. ``fetch.wait.max.ms``:
+#: the ranges are already written, nothing to wait for (as the JVM reader's). A range
+#: ending mid-log makes librdkafka prefetch past it: 16 MiB of queue per partition (not
+#: 64) bounds that waste; the per-range ``queued.min.messages`` (see :func:`_consumer`)
+#: bounds it in records.
+DEFAULTS: dict[str, Any] = {
+    "fetch.queue.backoff.ms": 10,
+    "fetch.wait.max.ms": 10,
+    "queued.max.messages.kbytes": 16 * 1024,
+}
+#: librdkafka's default of how many messages it keeps prefetched per partition.
+_QUEUED_MIN_MESSAGES = 100_000
+#: How long one ``consume`` call waits for all the messages it asked for before returning
+#: those that came; a range ending in offsets without records at the log's end waits it once.
+CONSUME_WAIT_S = 0.05
+
+#: librdkafka's default message.max.bytes.
+_MESSAGE_MAX_BYTES = 1_000_000
+#: kafka-python name → librdkafka name, where the meaning is the same.
+_NAMES: dict[str, str] = {
+    "client_id": "client.id",
+    "client_rack": "client.rack",
+    "connections_max_idle_ms": "connections.max.idle.ms",
+    "fetch_max_bytes": "fetch.max.bytes",
+    "fetch_max_wait_ms": "fetch.wait.max.ms",
+    "fetch_min_bytes": "fetch.min.bytes",
+    "max_partition_fetch_bytes": "max.partition.fetch.bytes",
+    "metadata_max_age_ms": "metadata.max.age.ms",
+    "receive_buffer_bytes": "socket.receive.buffer.bytes",
+    "reconnect_backoff_max_ms": "reconnect.backoff.max.ms",
+    "reconnect_backoff_ms": "reconnect.backoff.ms",
+    # librdkafka's timeout of a network request (Java's request.timeout.ms).
+    "request_timeout_ms": "socket.timeout.ms",
+    "retry_backoff_ms": "retry.backoff.ms",
+    "send_buffer_bytes": "socket.send.buffer.bytes",
+    "socket_connection_setup_timeout_ms": "socket.connection.setup.timeout.ms",
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "sasl_kerberos_service_name": "sasl.kerberos.service.name",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_password": "ssl.key.password",
+    "ssl_crlfile": "ssl.crl.location",
+    "ssl_ciphers": "ssl.cipher.suites",
+}
+#: kafka-python settings the readers fix; unchanged, the fixed librdkafka ones stand in.
+_FIXED_KAFKA_PYTHON = ("enable_auto_commit", "isolation_level", "auto_offset_reset",
+                       "group_id", "check_crcs")  # fmt: skip
+_PERMANENT_ERRORS = (
+    "_UNKNOWN_PARTITION",
+    "_UNKNOWN_TOPIC",
+    "UNKNOWN_TOPIC_OR_PART",
+    "TOPIC_AUTHORIZATION_FAILED",
+)
+#: Errors that retrying will not fix: a wrong user or password (SSL ones may be transient).
+_AUTH_ERRORS = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED")
+
+
+def unmapped_settings(config: Mapping[str, Any]) -> list[str]:
+    """The kafka-python settings in ``config`` that have no librdkafka setting of the same
+    meaning (sorted)."""
+    mapped = {*_NAMES, "ssl_check_hostname", "bootstrap_servers", *_FIXED_KAFKA_PYTHON}
+    return sorted(name for name in config if name not in mapped)
+
+
+def librdkafka_config(config: Mapping[str, Any] | None, *, where: str = "") -> dict[str, Any]:
+    """librdkafka settings for kafka-python ones (``Settings.kafka_client_config``, a
+    source's ``consumer_config``). Fixed settings may not change (the rule and error of
+    :func:`~microbatch.kafka.reader.build_consumer_config`); a setting librdkafka has no
+    equivalent of raises :class:`ConfigError` naming it and the reader."""
+    given = dict(config or {})
+    build_consumer_config("-", given)  # refuses changes to the fixed settings
+    unmapped = unmapped_settings(given)
+    if unmapped:
+        raise ConfigError(
+            f"{where + ': ' if where else ''}consumer setting(s) {unmapped} have no "
+            "librdkafka setting of the same meaning, so KafkaSource(reader='confluent') "
+            f"cannot take them (it maps {', '.join(sorted(_NAMES))} and ssl_check_hostname). "
+            "Remove them, or read with reader='python' or 'spark'."
+        )
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        if name in _NAMES:
+            out[_NAMES[name]] = value
+        elif name == "ssl_check_hostname":
+            out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        elif name == "bootstrap_servers":
+            out["bootstrap.servers"] = value
+    fetch_max = out.get("fetch.max.bytes")
+    if isinstance(fetch_max, int) and fetch_max < _MESSAGE_MAX_BYTES:
+        # librdkafka refuses fetch.max.bytes below message.max.bytes, a producer's limit
+        # that a consumer does not use (Java's fetch.max.bytes has no such floor).
+        out["message.max.bytes"] = max(1000, fetch_max)
+    return out
+
+
+def _consumer(bootstrap_servers: str, r: OffsetRange, config: Mapping[str, Any],
+              errors: list[Any]) -> Any:  # fmt: skip
+    """A consumer for ``r``: prefetching at most about as many records as it holds."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        {
+            **DEFAULTS,
+            "queued.min.messages": max(1, min(_QUEUED_MIN_MESSAGES, r.count)),
+            **config,
+            "bootstrap.servers": bootstrap_servers,
+            "error_cb": errors.append,
+            "logger": log,
+            **FIXED,
+        }
+    )
+
+
+def _batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
+    """One ``KAFKA_SCHEMA`` batch from confluent-kafka ``Message``s: whole columns at once."""
+    from confluent_kafka import Message
+
+    n = len(records)
+    headers = list(map(Message.headers, records))  # None, not [], without headers
+    if any(headers):
+        headers = [h or [] for h in headers]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(list(map(Message.key, records)), pa.binary()),
+            pa.array(list(map(Message.value, records)), pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(list(map(Message.offset, records)), pa.int64()),
+            pa.array([ts for _, ts in map(Message.timestamp, records)], pa.int64()),
+            _headers_array(headers),
+        ],
+        schema=KAFKA_SCHEMA,
+    )
+
+
+def read_range_confluent(
+    bootstrap_servers: str,
+    r: OffsetRange,
+    *,
+    batch_rows: int = 10_000,
+    poll_timeout_s: float = 60.0,
+    consumer_config: Mapping[str, Any] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Yield the committed records of ``r`` as Arrow batches of up to ``batch_rows`` rows:
+    what :func:`~microbatch.kafka.reader.read_range` yields, read by confluent-kafka.
+    ``consumer_config``: kafka-python names (:func:`librdkafka_config`)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    if batch_rows < 1:
+        raise SourceError(f"{r.tp}: batch_rows must be ≥ 1, got {batch_rows}")
+    if r.count == 0:
+        return
+    where = f"{r.tp} [{r.start}, {r.end}) on {bootstrap_servers}"
+    config = librdkafka_config(consumer_config)
+    permanent = {getattr(KafkaError, name) for name in _PERMANENT_ERRORS}
+    auth = {getattr(KafkaError, name) for name in _AUTH_ERRORS}
+    client_errors: list[Any] = []  # from librdkafka's error callback, during consume
+    try:
+        consumer = _consumer(bootstrap_servers, r, config, client_errors)
+    except KafkaException as exc:
+        raise SourceError(f"reading {where}: cannot create a Kafka consumer: {exc}") from exc
+    pending: list[Any] = []
+    try:
+        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+        seen = r.start
+        last_progress = time.monotonic()
+        while seen < r.end:
+            before = seen
+            wanted = min(batch_rows - len(pending), r.end - seen)
+            records = consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT_S)
+            if any(m.error() is not None for m in records):
+                events, records = records, []
+                for m in events:
+                    error = m.error()
+                    if error is None:
+                        records.append(m)
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        seen = max(seen, m.offset())
+                    elif error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise DataLossError(
+                            f"reading {where}: offset {seen} is no longer available "
+                            "(retention deleted it after the batch was planned). Rerun with "
+                            "`microbatch run --replan` (or on_out_of_range='earliest') to "
+                            "plan the batch again without the deleted records, which its "
+                            "stats then count as skipped."
+                        )
+                    elif error.fatal() or error.code() in permanent:
+                        raise SourceError(f"reading {where} at offset {seen}: {error.str()}")
+                    # else transient (a lost broker connection): librdkafka retries it
+            if records:
+                if records[-1].offset() >= r.end:
+                    records = [m for m in records if m.offset() < r.end]
+                    seen = r.end
+                if records:
+                    seen = max(seen, records[-1].offset() + 1)
+                    pending.extend(records)
+                    if len(pending) >= batch_rows:
+                        yield _batch(r.topic, r.partition, pending)
+                        pending = []
+            failed = [e for e in client_errors if e.code() in auth]
+            if failed:
+                raise SourceError(
+                    f"reading {where}: the broker refused the connection ({failed[0].str()}). "
+                    "Check MICROBATCH_KAFKA_SECURITY_PROTOCOL, MICROBATCH_KAFKA_SASL_* and "
+                    "MICROBATCH_KAFKA_SSL_CAFILE (or the Airflow connection)."
+                )
+            if seen > before:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > poll_timeout_s:
+                last = f" Last client error: {client_errors[-1].str()}." if client_errors else ""
+                raise SourceError(
+                    f"reading {where}: no progress for {poll_timeout_s:.0f} s at offset {seen} "
+                    f"(wanted up to {r.end}). Is the broker reachable, and was the range "
+                    f"planned against this cluster's end offsets?{last}"
+                )
+        if pending:
+            yield _batch(r.topic, r.partition, pending)
+    finally:
+        consumer.close()
+
+
+def read_descriptors_confluent(
+    batches: Iterable[pa.RecordBatch],
+    bootstrap_servers: str,
+    *,
+    batch_rows: int = 10_000,
+    poll_timeout_s: float = 60.0,
+    consumer_config: Mapping[str, Any] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The records (``KAFKA_SCHEMA``) of the ranges described by ``range_descriptors``
+    rows, read by confluent-kafka: :func:`~microbatch.kafka.reader.read_descriptors`'s
+    counterpart, the body of a ``mapInArrow``."""
+    for batch in batches:
+        for row in batch.to_pylist():
+            piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
+            yield from read_range_confluent(
+                bootstrap_servers,
+                piece,
+                batch_rows=batch_rows,
+                poll_timeout_s=poll_timeout_s,
+                consumer_config=consumer_config,
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadingWithConfluent:
+    """A stage-1 task reading with confluent-kafka: its input rows are range descriptors;
+    it reads each range and hands the records to ``then`` (stage 1's function) as they
+    arrive, in one Python worker — as ``ReadingStageOne`` does with kafka-python.
+
+    ``consumer_config``: kafka-python names (``Settings.kafka_client_config``), checked
+    when this is made, on the driver, so an unmappable setting fails before any task."""
+
+    then: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+    bootstrap_servers: str
+    consumer_config: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        librdkafka_config(self.consumer_config)
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                "KafkaSource(reader='confluent') needs the confluent-kafka package on the "
+                "driver and the executors: pip install confluent-kafka (or use "
+                "reader='python' or 'spark')"
+            ) from exc
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        reading = read_descriptors_confluent(
+            batches, self.bootstrap_servers, consumer_config=self.consumer_config
+        )
+        return self.then(reading)

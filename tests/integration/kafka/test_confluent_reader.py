@@ -1,0 +1,96 @@
+"""The confluent-kafka reader returns exactly what the kafka-python reader returns.
+
+On a real broker: committed and aborted transactions (offset gaps: markers and aborted
+records), ranges starting and ending on markers and inside aborted records, ranges in the
+middle of the log, null keys and values, empty values, headers; a deleted start and a range
+past the log's end fail as ``read_range`` fails. The reference is ``read_range``, itself
+checked against a plain ``read_committed`` consumer in ``test_kafka_source.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from microbatch.errors import DataLossError, SourceError
+from microbatch.kafka import (
+    KAFKA_SCHEMA,
+    KafkaBrokerView,
+    OffsetRange,
+    TopicPartition,
+    read_range,
+    read_range_confluent,
+)
+from tests.integration.kafka.test_kafka_source import new_topic, produce
+
+pytestmark = pytest.mark.integration
+
+
+def table(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    return pa.Table.from_batches(batches, KAFKA_SCHEMA).to_pylist()
+
+
+def test_every_subrange_of_a_transactional_log_reads_what_read_range_reads(
+    bootstrap, admin
+) -> None:
+    topic = new_topic(admin, 1)
+    headers = [("trace", b"t-1"), ("empty", b"")]
+    produce(
+        bootstrap, topic, [(0, b"k0", b"p0"), (0, None, b""), (0, b"k1", None)], headers=headers
+    )
+    produce(bootstrap, topic, [(0, b"c", f"c{i}".encode()) for i in range(3)], transaction="commit")
+    produce(bootstrap, topic, [(0, None, f"x{i}".encode()) for i in range(3)], transaction="abort")
+    produce(bootstrap, topic, [(0, None, b"after")])
+    produce(bootstrap, topic, [(0, None, f"y{i}".encode()) for i in range(2)], transaction="abort")
+    tp = TopicPartition(topic, 0)
+    with KafkaBrokerView(bootstrap) as view:
+        end = view.end_offsets([tp])[tp]
+    # 0-2 plain, 3-5 committed, 6 marker, 7-9 aborted, 10 marker, 11 plain, 12-13 aborted, 14
+    assert end == 15
+
+    started = time.monotonic()
+    for start, stop in [(0, end), (0, 7), (0, 6), (3, 11), (6, 7), (7, 10), (7, 12), (4, 5),
+                        (2, 4), (11, end), (12, end), (14, end)]:  # fmt: skip
+        r = OffsetRange(topic, 0, start, stop)
+        ours = list(read_range_confluent(bootstrap, r, batch_rows=2, poll_timeout_s=5))
+        theirs = list(read_range(bootstrap, r, batch_rows=2, poll_timeout_s=5))
+        assert all(b.schema == KAFKA_SCHEMA and b.num_rows <= 2 for b in ours)
+        assert table(ours) == table(theirs), (start, stop)
+    whole = table(list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 0, end))))
+    assert [(r["key"], r["value"]) for r in whole] == [
+        (b"k0", b"p0"), (None, b""), (b"k1", None), (b"c", b"c0"), (b"c", b"c1"), (b"c", b"c2"),
+        (None, b"after"),
+    ]  # fmt: skip
+    assert [h for r in whole[:3] for h in r["headers"]] == [
+        {"key": k, "value": v} for k, v in headers * 3
+    ]
+    assert whole[3]["headers"] == [] and whole[0]["timestamp"] > 1_600_000_000_000
+    # Twelve ranges, several ending on offsets without records: no timeout was waited.
+    assert time.monotonic() - started < 30
+
+
+def test_a_deleted_start_fails_as_data_loss_never_skips(bootstrap, admin) -> None:
+    from kafka import TopicPartition as KTP
+
+    topic = new_topic(admin, 1)
+    produce(bootstrap, topic, [(0, None, f"{i}".encode()) for i in range(100)])
+    admin.delete_records({KTP(topic, 0): 50})
+
+    with pytest.raises(DataLossError, match="offset 10 is no longer available") as err:
+        list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 10, 100), poll_timeout_s=10))
+    assert f"{topic}[0] [10, 100) on {bootstrap}" in str(err.value)
+    assert "--replan" in str(err.value)
+
+
+def test_a_range_past_the_end_times_out_with_a_named_error(bootstrap, admin) -> None:
+    topic = new_topic(admin, 1)
+    produce(bootstrap, topic, [(0, None, b"x")] * 3)
+
+    with pytest.raises(SourceError) as err:
+        list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 0, 50), poll_timeout_s=1))
+    message = str(err.value)
+    assert f"{topic}[0] [0, 50) on {bootstrap}" in message
+    assert "no progress for 1 s at offset 3" in message
