@@ -14,6 +14,9 @@ the whole topic in one batch:
   folders; one ``BatchRunner.run``. Stage 1 reads the planned offset ranges with Spark's
   JVM Kafka source (the same connector as the reference), then decodes, enriches and keys
   in Python;
+- **microbatch, confluent-kafka reader** (extra row): the same pipeline with
+  ``KafkaSource(reader="confluent")``, librdkafka reading inside the stage-1 tasks (the
+  least CPU per record, ``bench_kafka_reader.py``);
 - **microbatch, kafka-python reader** (extra row, not the target): the same pipeline with
   ``KafkaSource(reader="python")``, kafka-python reading inside the stage-1 tasks;
 - **Structured Streaming** (the reference): the Kafka source (``spark-sql-kafka-0-10``),
@@ -54,12 +57,14 @@ schema itself buys.
 the Parquet sink: the end-to-end cost of the table sink, against the same reference.
 
     .venv/bin/python bench/bench_pipeline.py [--records 1000000 | --quick] [--repeat 1]
-        [--no-python-reader] [--sink parquet|delta] [--schema] [--stages]
+        [--no-python-reader] [--no-confluent-reader] [--sink parquet|delta] [--schema]
+        [--stages]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import tempfile
@@ -149,6 +154,7 @@ def read_sink(root: Path, kind: str, settings: Settings) -> pa.Table:
     return read_parquet_sink(str(root / "counts"), settings)
 
 
+READER_NAMES = {"confluent": "confluent-kafka", "python": "kafka-python"}
 EVENT_SCHEMA = JsonSchema({"user_id": "string", "page": "string", "ts": "long"})
 
 
@@ -342,12 +348,12 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     if args.stages:
         conf |= {"spark.ui.enabled": "true", "spark.ui.port": "0"}
     spark = spark_session(settings, "bench-pipeline", conf=conf)
-    runs: dict[str, list[Run]] = {"spark": [], "python": [], "ss": [], "plain": []}
+    runs: dict[str, list[Run]] = {"spark": [], "python": [], "confluent": [], "ss": [], "plain": []}
     empty: list[float] = []
     try:
         if args.warmup:
             log(f"warm-up (untimed): each engine over {args.warmup:,} records ...")
-            for reader in ("spark", "python") if args.python_reader else ("spark",):
+            for reader in ("spark", *args.extra_readers):
                 warm = make_pipeline(
                     f"warm-{reader}-{tag}",
                     warm_topic,
@@ -409,7 +415,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
         measures: list[Any] = [
             lambda i: microbatch_run(i, "spark"),
             streaming_run,
-            *([lambda i: microbatch_run(i, "python")] if args.python_reader else []),
+            *(functools.partial(microbatch_run, reader=r) for r in args.extra_readers),
             *([lambda i: microbatch_run(i, "plain")] if args.schema else []),
         ]
         for i in range(args.repeat):  # rotate the order: load swings hit every engine alike
@@ -418,17 +424,17 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
 
         mb_counts = final_counts(read_sink(work / "spark0", args.sink, settings))
         ss_counts = final_counts(pq.read_table(str(work / "ss0" / "counts")))
-        py_counts = (
-            final_counts(read_sink(work / "python0", args.sink, settings))
-            if args.python_reader
-            else mb_counts
-        )
+        other_counts = {
+            r: final_counts(read_sink(work / f"{r}0", args.sink, settings))
+            for r in args.extra_readers
+        }
     finally:
         spark.stop()
 
     match, detail = compare(mb_counts, ss_counts, args.records)
-    if py_counts != mb_counts:
-        match, detail = False, f"the kafka-python reader's counts differ; {detail}"
+    for reader, counts in other_counts.items():
+        if counts != mb_counts:
+            match, detail = False, f"the {reader} reader's counts differ; {detail}"
     # Ratios are of medians (of the best runs too, as a second figure): one lucky or
     # unlucky run on a shared 2-core machine says little.
     done = {name: [r[0] for r in xs] for name, xs in runs.items() if xs}
@@ -474,13 +480,15 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
                 + described(runs["plain"]),
             )
         ]
-    if args.python_reader:
+    for reader in args.extra_readers:
+        ratio = rate[reader] / rate["ss"]
+        mark = f" (target ≥ {target}: {'met' if ratio >= target else 'NOT met'})"
         rows += [
             (
-                "microbatch, kafka-python reader",
-                f"{rate['python']:,.0f}/s",
-                f"{rate['python'] / rate['ss']:.2f} of Structured Streaming; "
-                + described(runs["python"]),
+                f"microbatch, {READER_NAMES[reader]} reader",
+                f"{rate[reader]:,.0f}/s",
+                f"{ratio:.2f} of Structured Streaming{mark if reader == 'confluent' else ''}; "
+                + described(runs[reader]),
             )
         ]
     rows += [
@@ -523,7 +531,16 @@ def main() -> None:
         action="store_false",
         help="skip the extra row of microbatch with its kafka-python reader",
     )
+    parser.add_argument(
+        "--no-confluent-reader",
+        dest="confluent_reader",
+        action="store_false",
+        help="skip the extra row of microbatch with its confluent-kafka reader",
+    )
     args = parser.parse_args()
+    args.extra_readers = tuple(
+        r for r, on in (("confluent", args.confluent_reader), ("python", args.python_reader)) if on
+    )
     if args.quick:
         args.records = 100_000
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))

@@ -112,6 +112,8 @@ def test_source_options_fix_what_decides_which_records_are_read():
     [
         ("auto", None, "spark"),
         ("auto", "no connector", "python"),
+        ("confluent", None, "confluent"),
+        ("confluent", "no connector", "confluent"),
         ("python", None, "python"),
         ("python", "no connector", "python"),
         ("spark", None, "spark"),
@@ -119,6 +121,26 @@ def test_source_options_fix_what_decides_which_records_are_read():
 )
 def test_choose_reader(requested, problem, chosen):
     assert choose_reader("clicks", requested, problem) == chosen
+
+
+@pytest.mark.parametrize(
+    ("problem", "chosen"), [(None, "confluent"), ("no connector", "confluent")]
+)
+def test_auto_prefers_confluent_kafka_when_it_can_run(problem, chosen):
+    assert choose_reader("clicks", "auto", problem, confluent_problem=None) == chosen
+
+
+@pytest.mark.parametrize(("problem", "chosen"), [(None, "spark"), ("no connector", "python")])
+def test_auto_falls_back_when_confluent_kafka_cannot_run(problem, chosen):
+    why = "consumer setting(s) ['max_poll_records'] have no librdkafka setting"
+    assert choose_reader("clicks", "auto", problem, confluent_problem=why) == chosen
+
+
+def test_confluent_problem_names_what_librdkafka_cannot_take():
+    from microbatch.kafka.confluent_reader import confluent_problem
+
+    assert confluent_problem({"fetch_max_wait_ms": 10}) is None
+    assert "max_poll_records" in str(confluent_problem({"max_poll_records": 10}))
 
 
 def test_spark_reader_without_the_connector_says_how_to_add_it():

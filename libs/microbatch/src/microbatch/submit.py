@@ -121,8 +121,9 @@ def spark_submit_command(
         ]
         jars = spark_kafka_jars(settings.home_path)
         if jars and settings.spark_master.startswith(("local", "spark://")):
-            # Stage 1's JVM Kafka reader (``reader="auto"``): spark-submit has started the
-            # driver's JVM by the time the job builds its session, too late for spark.jars.
+            # Stage 1's JVM Kafka reader (``reader="spark"``; "auto" when it cannot use
+            # confluent-kafka): spark-submit has started the driver's JVM by the time the
+            # job builds its session, too late for spark.jars.
             argv += ["--jars", ",".join(str(jar) for jar in jars)]
         for key, value in (conf or {}).items():
             argv += ["--conf", f"{key}={value}"]

@@ -117,6 +117,22 @@ def unmapped_settings(config: Mapping[str, Any]) -> list[str]:
     return sorted(name for name in config if name not in mapped)
 
 
+def confluent_problem(config: Mapping[str, Any] | None) -> str | None:
+    """Why ``KafkaSource(reader="auto")`` cannot read with confluent-kafka here (None: it
+    can): the package is missing on the driver, or ``config`` (kafka-python names) holds
+    a setting librdkafka has no equivalent of. The executors run the same environment as
+    the driver (confluent-kafka is one of microbatch's dependencies)."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError as exc:
+        return f"confluent-kafka is not installed ({exc})"
+    try:
+        librdkafka_config(config)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def librdkafka_config(config: Mapping[str, Any] | None, *, where: str = "") -> dict[str, Any]:
     """librdkafka settings for kafka-python ones (``Settings.kafka_client_config``, a
     source's ``consumer_config``). Fixed settings may not change (the rule and error of

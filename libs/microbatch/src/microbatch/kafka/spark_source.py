@@ -32,7 +32,7 @@ import json
 import logging
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from microbatch.errors import ConfigError, DataLossError, SourceError
 from microbatch.kafka.offsets import OffsetRange, TopicPartition
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["auto", "python", "spark"]
-READERS: tuple[str, ...] = ("auto", "python", "spark")
+Reader = Literal["auto", "python", "spark", "confluent"]
+READERS: tuple[str, ...] = ("auto", "python", "spark", "confluent")
 #: How the connector is named in ``--packages`` (Scala 2.13 builds, as pyspark 4's).
 CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 
@@ -318,14 +318,20 @@ def connector_problem(spark: Any) -> str | None:
     return problem
 
 
-def choose_reader(pipeline: str, requested: str, problem: str | None) -> Literal["python", "spark"]:
+def choose_reader(
+    pipeline: str, requested: str, problem: str | None, confluent_problem: str | None = "unused"
+) -> Literal["python", "spark", "confluent"]:
     """The reader stage 1 uses: ``requested`` (``KafkaSource.reader``) given the session's
-    :func:`connector_problem`. "auto" prefers the JVM source and falls back quietly;
-    "spark" without the connector is an error saying how to add it."""
+    :func:`connector_problem` and why the confluent-kafka reader cannot run (None: it can;
+    ``confluent_reader.confluent_problem``). "auto" prefers confluent-kafka (the least CPU
+    per record), then the JVM source, and falls back quietly; "spark" without the
+    connector is an error saying how to add it."""
     if requested not in READERS:
         raise ConfigError(f"pipeline {pipeline!r}: reader must be one of {READERS}: {requested!r}")
-    if requested == "python":
-        return "python"
+    if requested in ("python", "confluent"):
+        return cast(Literal["python", "confluent"], requested)
+    if requested == "auto" and confluent_problem is None:
+        return "confluent"
     if problem is None:
         return "spark"
     if requested == "auto":

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from microbatch.errors import BatchError, ConfigError
 from microbatch.kafka import BatchPlan, BrokerView
-from microbatch.kafka.confluent_reader import ReadingWithConfluent
+from microbatch.kafka.confluent_reader import ReadingWithConfluent, confluent_problem
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
@@ -178,12 +178,11 @@ class SparkExecutor:
         bootstrap = self.settings.kafka_bootstrap_servers
         source = self.pipeline.source
         requested = source.reader
-        problem = None if requested in ("python", "confluent") else connector_problem(self.spark)
-        reader = (
-            "confluent"
-            if requested == "confluent"
-            else choose_reader(self.pipeline.name, requested, problem)
-        )
+        config = self.settings.kafka_client_config(source.consumer_config)
+        librdkafka = confluent_problem(config) if requested == "auto" else "unused"
+        chosen_before = requested in ("python", "confluent") or librdkafka is None
+        problem = None if chosen_before else connector_problem(self.spark)
+        reader = choose_reader(self.pipeline.name, requested, problem, librdkafka)
         log.info(
             "pipeline %s batch %s: stage 1 reads %d ranges with %s",
             self.pipeline.name,
@@ -203,7 +202,6 @@ class SparkExecutor:
             return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type), reader
         # None only without a non-empty range: plan.ranges holds only non-empty ones.
         descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
-        config = self.settings.kafka_client_config(source.consumer_config)
         if reader == "confluent":
             confluent = ReadingWithConfluent(process, bootstrap, config)
             return descriptors.mapInArrow(confluent, envelope_type), reader

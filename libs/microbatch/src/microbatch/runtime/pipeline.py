@@ -82,7 +82,8 @@ class KafkaSource:
     several times less CPU per record), ``"python"``, kafka-python inside the stage-1
     tasks, ``"confluent"``, confluent-kafka (librdkafka) inside the stage-1 tasks (the
     least CPU per record; needs the ``confluent-kafka`` package on the executors), or
-    ``"auto"`` (default): the JVM source when the session has the connector, else
+    ``"auto"`` (default): confluent-kafka unless ``consumer_config`` holds a setting
+    librdkafka lacks, then the JVM source when the session has the connector, else
     kafka-python. All read exactly the same records.
 
     ``value_schema``: the values' declared schema (:class:`~microbatch.runtime.schema.
