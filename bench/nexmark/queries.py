@@ -84,13 +84,14 @@ class Reading:
 
     schema: bool = False
     max_records: int | None = None
+    reader: str = "auto"
 
 
 def source(topic: str, kind: str, reading: Reading) -> KafkaSource:
-    """The topic through Spark's JVM reader."""
+    """The topic through ``reading.reader`` (``"auto"``: confluent-kafka)."""
     schema = SCHEMAS[kind] if reading.schema else None
-    return KafkaSource(topics=(topic,), reader="spark", value_schema=schema,
-                       max_records_per_batch=reading.max_records)  # fmt: skip
+    return KafkaSource(topics=(topic,), reader=reading.reader,  # type: ignore[arg-type]
+                       value_schema=schema, max_records_per_batch=reading.max_records)  # fmt: skip
 
 
 def out(root: Path) -> ParquetSink:

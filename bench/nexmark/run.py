@@ -8,8 +8,9 @@ Kafka writer. On ONE SparkSession (``local[2]``, the Kafka connector jars, 2 shu
 partitions) each query then consumes its topics whole, once per engine and round:
 
 - **microbatch**: the query's dataflow (:mod:`nexmark.queries`), one batch (``BatchRunner``,
-  P=2, Parquet sink), reading with Spark's JVM Kafka source, decoding per record
-  (``--schema``: with the events' declared schemas, into Arrow columns);
+  P=2, Parquet sink), reading with the default reader (confluent-kafka in the stage-1
+  tasks; ``--reader spark``: Spark's JVM Kafka source, as the reference reads), decoding
+  per record (``--schema``: with the events' declared schemas, into Arrow columns);
 - **Structured Streaming** (:mod:`nexmark.spark_queries`): the Kafka source, ``from_json``,
   the query, Parquet in append mode, ``Trigger.AvailableNow``; q4 it cannot express.
 
@@ -110,7 +111,7 @@ class Bench:
     def microbatch(self, query: str, topics: dict[str, str], root: Path, expect: int) -> float:
         build, _ = queries.QUERIES[query]
         first_stage = last_stage_id(self.spark)
-        reading = queries.Reading(self.args.schema, self.args.batch_records)
+        reading = queries.Reading(self.args.schema, self.args.batch_records, self.args.reader)
         pipeline = build(f"nexmark-{query}-{root.name}", queries.Topics(**topics), root, reading)
         runner = BatchRunner(self.spark, pipeline, self.settings)
         started, read = time.perf_counter(), 0
@@ -395,6 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-records", type=count, default=None, help=split)
     columns = "microbatch decodes with the events' declared schemas (Arrow columns)"
     parser.add_argument("--schema", action="store_true", help=columns)
+    parser.add_argument(
+        "--reader",
+        choices=("auto", "confluent", "spark", "python"),
+        default="auto",
+        help="microbatch's KafkaSource(reader=...)",
+    )
     args = parser.parse_args(argv)
     args.queries = [q.strip() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in args.queries if q not in queries.QUERIES]
