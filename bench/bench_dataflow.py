@@ -16,7 +16,8 @@ consumes the whole topic in one batch (P=2, max_parallelism 128, Parquet sinks):
   each with its own checkpoint and commit; run one after the other.
 
 records/s = records / wall time (for the reference: both pipelines' batches); CPU-s of this
-process, the Spark JVM and its Python workers. Every engine first runs once, untimed, over
+process, the Spark JVM and its Python workers (also shown apart: the JVM reads Kafka and
+moves the exchanges, the workers decode and process). Every engine first runs once, untimed, over
 the whole topic (``--warmup 0``: over a small topic of its own instead): the first read of
 a topic costs about a second more, which would otherwise land on whichever engine goes
 first; ``--repeat N`` (default 4: each engine goes first as often) rotates
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
-from benchlib import kafka_settings, load, log, print_table, spark_cpu_seconds
+from benchlib import kafka_settings, load, log, print_table, process_tree, spark_cpu_seconds
 
 from microbatch.dataflow import Dataflow
 from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
@@ -178,6 +180,20 @@ def outputs(root: Path, settings: Settings) -> tuple[set[tuple], set[tuple]]:
 Run = tuple[float, float, str]  # seconds, CPU-s, load at start
 
 
+def cpu_by_process(spark: Any) -> dict[str, float]:
+    """CPU seconds so far of the Spark JVM, of the Python workers under it, and of this
+    process (the driver)."""
+    jvm = spark.sparkContext._gateway.proc.pid
+    ticks = process_tree(jvm)
+    per_s = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return {
+        "JVM": ticks.pop(jvm, 0) / per_s,
+        "Python workers": sum(ticks.values()) / per_s,
+        "driver": own.user + own.system,
+    }
+
+
 def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     bootstrap = settings.kafka_bootstrap_servers
     tag = uuid.uuid4().hex[:8]
@@ -194,6 +210,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
         settings, "bench-dataflow", conf={"spark.sql.shuffle.partitions": str(PARALLELISM)}
     )
     runs: dict[str, list[Run]] = {name: [] for name in ENGINES}
+    split: dict[str, list[dict[str, float]]] = {name: [] for name in ENGINES}
     breakdown: list[str] = []
 
     def pipelines(engine: str, name: str, on: str, root: Path) -> list[Pipeline]:
@@ -210,6 +227,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
 
         def measure(i: int, engine: str) -> None:
             before, cpu = load(), spark_cpu_seconds(spark)
+            by_process = cpu_by_process(spark)
             log(f"[{i + 1}] {ENGINES[engine]}: one batch over the topic ({before}) ...")
             started = time.perf_counter()
             root = work / f"{engine}{i}"
@@ -218,6 +236,8 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             seconds = time.perf_counter() - started
             cpu = spark_cpu_seconds(spark) - cpu
             runs[engine].append((seconds, cpu, before))
+            after = cpu_by_process(spark)
+            split[engine].append({k: after[k] - v for k, v in by_process.items()})
             log(f"  {seconds:.2f} s, {cpu:.1f} CPU-s")
             for r in results:
                 if r.records_in != args.records:
@@ -275,6 +295,10 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
         ),
     ]
     print_table(rows)
+    print("\nCPU-s by process, median of the rounds:")
+    for engine, name in ENGINES.items():
+        parts = {k: med([r[k] for r in split[engine]]) for k in split[engine][0]}
+        print(f"  {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
     print("\nWhere the dataflow's batch time goes (first run):")
     print("\n".join(breakdown))
     if not same:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -28,12 +29,15 @@ from microbatch.runtime.envelope import (
     encode_payload,
 )
 from microbatch.runtime.graph import Edge, edges_from, first_uid, marker
+from microbatch.runtime.handon import HandedOn, Placed, hand_on
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.stage_one import event_time_ms
 from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, Tap, run_chain
 
 DeadLetter = Callable[..., None]
-_KEYS_REMEMBERED = 100_000  # string keys of the next step whose placement is kept
+_KEYS_REMEMBERED = 100_000  # keys of the next step whose placement is kept
+#: A call that emits fewer records goes record by record (a run's set-up costs ~2 µs).
+_AT_ONCE_FROM = 4
 
 
 def step_index(pipeline: Pipeline, uid: str | None) -> int:
@@ -102,10 +106,29 @@ class Router:
         self.forward = EnvelopeBuilder()
         self._count = [0] * pipeline.max_parallelism  # rows handed on per key-group
         self._rows = _Rows()
-        self._keys: dict[str, tuple[bytes, int, int]] = {}
+        self._keys: dict[Any, Placed] = {}
+        #: The one way a call's records go on all at once (:mod:`.handon`): along a single
+        #: edge without steps, keyed by a field, besides taps without steps of their own
+        #: (a tap's function could change a record before the edge encodes it).
+        plain_taps = all(not t.chain for t in self.main_taps)
+        self._main_sinks = {t.sink for t in self.main_taps}
+        self._at_once = (
+            self.ways[0]
+            if len(self.ways) == 1
+            and not self.ways[0].edge.chain
+            and self.ways[0].key_field is not None
+            and plain_taps
+            else None
+        )
 
     def emit(self, emitted: Sequence[tuple[str | None, Any]], key_group: int) -> None:
         """What one ``process``/``on_timer`` call emitted (``ctx.emitted``)."""
+        if self._at_once is not None and len(emitted) >= _AT_ONCE_FROM:
+            self._emit_at_once(emitted, key_group, self._at_once)
+        else:
+            self._emit_each(emitted, key_group)
+
+    def _emit_each(self, emitted: Sequence[tuple[str | None, Any]], key_group: int) -> None:
         for sink, record in emitted:
             if sink is None:
                 self.main(record, key_group)
@@ -116,6 +139,36 @@ class Router:
                     f"{self.where}: ctx.emit(..., to={sink!r}) names no sink of this step "
                     f"(its sinks: {sorted(self.outputs)})"
                 )
+
+    def _emit_at_once(
+        self, emitted: Sequence[tuple[str | None, Any]], key_group: int, way: _Way
+    ) -> None:
+        """:meth:`emit` with the main output handed on as one run (:func:`hand_on`);
+        record by record when a record may be a dead letter. Rows, offsets and dead
+        letters come out as record by record."""
+        main = [record for sink, record in emitted if sink is None]
+        if len(main) != len(emitted):  # side outputs, in their own sinks' order
+            side = [(sink, r) for sink, r in emitted if sink is not None]
+            if any(sink in self._main_sinks for sink, _ in side):
+                self._emit_each(emitted, key_group)  # one sink gets both: keep the order
+                return
+            self._emit_each(side, key_group)
+        if not main:
+            return
+        assert way.key_field is not None
+        run = hand_on(
+            main, way.key_field, way.time_field, way.windowed, self._keys, self._place,
+            _KEYS_REMEMBERED,
+        )  # fmt: skip
+        if run is None:
+            for record in main:
+                self.main(record, key_group)
+            return
+        for tap in self.main_taps:  # none with steps of its own
+            self.outputs[tap.sink].extend(main)
+        start = self._count[key_group]
+        self._count[key_group] = start + len(main)
+        self._rows.extend(way.marker, key_group, start, run)
 
     def main(self, record: Any, key_group: int) -> None:
         """One record of the step's main output."""
@@ -184,7 +237,7 @@ class Router:
         """The rows for the next keyed step: its records, then the dead letters so far."""
         return pa.concat_batches([self._rows.batch(), self.forward.rows_batch()])
 
-    def _place(self, key_bytes: bytes) -> tuple[bytes, int, int]:
+    def _place(self, key_bytes: bytes) -> Placed:
         """(key bytes, key-group, instance) of a key of the next step."""
         maxp = self.pipeline.max_parallelism
         kg = key_group_of_bytes(key_bytes, maxp)
@@ -244,19 +297,29 @@ class _Rows:
         self.topic: list[str] = []
         self.partition: list[int] = []
         self.offset: list[int] = []
-        self.placed: list[tuple[bytes, int, int]] = []  # (key bytes, key-group, instance)
+        self.placed: list[Placed] = []  # (key bytes, key-group, instance)
         self.ts: list[int | None] = []
         self.payload: list[bytes] = []
+
+    def extend(self, marker: str, key_group: int, start: int, run: HandedOn) -> None:
+        """A run of records of one key-group, numbered from ``start``."""
+        n = len(run.payloads)
+        self.topic.extend(repeat(marker, n))
+        self.partition.extend(repeat(key_group, n))
+        self.offset.extend(range(start, start + n))
+        self.placed.extend(run.placed)
+        self.ts.extend(run.event_ts)
+        self.payload.extend(run.payloads)
 
     def batch(self) -> pa.RecordBatch:
         n = len(self.payload)
         keys, groups, instances = zip(*self.placed, strict=True) if n else ((), (), ())
         columns = {
-            "kind": pa.array([RECORD] * n, pa.string()),
+            "kind": pa.repeat(pa.scalar(RECORD, pa.string()), n),
             "topic": pa.array(self.topic, pa.string()),
             "partition": pa.array(self.partition, pa.int32()),
             "offset": pa.array(self.offset, pa.int64()),
-            "seq": pa.array([0] * n, pa.int32()),
+            "seq": pa.repeat(pa.scalar(0, pa.int32()), n),
             "instance": pa.array(instances, pa.int32()),
             "key_group": pa.array(groups, pa.int32()),
             "key": pa.array(keys, pa.binary()),
