@@ -3,7 +3,8 @@
 Produces ``--records`` JSON payments ``{"card": "c<n % 2000>", "merchant": "m<n % 500>",
 "amount": ..., "ts": ...}`` into a fresh 4-partition topic (every 13th a refund, amount
 < 0). Then, on ONE SparkSession (``local[2]``, Spark's Kafka connector jars), each engine
-consumes the whole topic in one batch (P=2, max_parallelism 128, Parquet sinks):
+consumes the whole topic in one batch (P=2, max_parallelism 128, Parquet sinks, the
+default reader — confluent-kafka — or ``--reader``):
 
 - **one dataflow** (:mod:`microbatch.dataflow`): filter refunds → key_by(card) →
   ``CardSpend`` (running total in value state, an alert side output the first time a card
@@ -118,7 +119,7 @@ def event_time() -> EventTime:
     return EventTime("ts", idle_timeout_s=None)
 
 
-def one_dataflow(name: str, topic: str, root: Path) -> Pipeline:
+def one_dataflow(name: str, topic: str, root: Path, reader: str = "auto") -> Pipeline:
     flow = Dataflow(
         name,
         checkpoints=str(root / "checkpoints"),
@@ -127,7 +128,7 @@ def one_dataflow(name: str, topic: str, root: Path) -> Pipeline:
         parallelism=PARALLELISM,
     )
     cards = (
-        flow.source(KafkaSource(topics=(topic,), reader="spark"))
+        flow.source(KafkaSource(topics=(topic,), reader=reader))  # type: ignore[arg-type]
         .filter(positive, name="no-refunds")
         .key_by("card")
         .process(CardSpend(), uid="cards", outputs=[ParquetSink("alerts", str(root / "alerts"))])
@@ -138,9 +139,9 @@ def one_dataflow(name: str, topic: str, root: Path) -> Pipeline:
     return flow.build()
 
 
-def two_pipelines(name: str, topic: str, root: Path) -> list[Pipeline]:
+def two_pipelines(name: str, topic: str, root: Path, reader: str = "auto") -> list[Pipeline]:
     common: dict[str, Any] = {
-        "source": KafkaSource(topics=(topic,), reader="spark"),
+        "source": KafkaSource(topics=(topic,), reader=reader),  # type: ignore[arg-type]
         "event_time": event_time(),
         "max_parallelism": MAXP,
         "parallelism": PARALLELISM,
@@ -215,8 +216,8 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
 
     def pipelines(engine: str, name: str, on: str, root: Path) -> list[Pipeline]:
         if engine == "dataflow":
-            return [one_dataflow(name, on, root)]
-        return two_pipelines(name, on, root)
+            return [one_dataflow(name, on, root, args.reader)]
+        return two_pipelines(name, on, root, args.reader)
 
     try:
         size = f"{args.warmup:,}" if args.warmup else f"all {args.records:,}"
@@ -334,6 +335,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repeat", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="30,000 records")
+    parser.add_argument(
+        "--reader",
+        choices=("auto", "confluent", "spark", "python"),
+        default="auto",
+        help="both engines' KafkaSource(reader=...); auto: confluent-kafka",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.records = 30_000

@@ -6,17 +6,17 @@ for each keyed step, ``repartitionById`` puts each instance's rows in one partit
 step's input — records keyed for it, the dead letters so far (the last step stages them),
 a copy of the ``stat`` rows and a ``tick`` per next instance (from instance 0), so every
 next instance computes the same watermark and runs even without input — plus one
-``result`` row per instance, which later steps pass through to the driver. Records
-cross an exchange packed per instance (:func:`bundled`: a few rows, not one per record)
-and are unpacked on the other side. Nothing is materialised between the steps: each
-exchange is the only copy.
+``result`` row per instance, which later steps pass through to the driver. Nothing is
+materialised between the steps: each exchange is the only copy. (Packing an instance's
+records into a few Arrow IPC rows per exchange was measured and dropped: the dataflow
+bench spent 0.4 CPU-s more per 300k records packing and unpacking than the JVM saved.)
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,10 +29,6 @@ from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
 
 Body = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
-#: The ``kind`` of a row between two keyed steps that holds ``record`` rows of one
-#: instance (``payload``: their Arrow IPC stream); never stored, never seen by a step.
-BUNDLE = "records"
-_BUNDLE_ROWS = 16_384  # records per bundle row: ~2 MB
 
 
 def step_stages(stage: StageTwo) -> list[StageTwo]:
@@ -65,7 +61,6 @@ def step_instance(stage: StageTwo) -> Body:
             if received
             else pa.Table.from_batches([], schema=ENVELOPE_SCHEMA)
         )
-        full = unbundled(full)
         table = full.select(ENVELOPE_SCHEMA.names)
         earlier = pc.equal(table.column("kind"), RESULT)
         later = rows_for_later(table, stage.step)  # ride on through this step
@@ -83,11 +78,11 @@ def step_instance(stage: StageTwo) -> Body:
         with gc_paused():  # as a single-operator pipeline's stage 2 (StageTwo.__call__)
             result, router = stage.run_step(instance, own)
             forward = None if stage.is_last else router.forward_rows()
-        yield from bundled(table.filter(earlier))
+        yield from table.filter(earlier).to_batches()
         yield result_row(stage.step or "", result)
         if forward is None:
             return
-        yield from bundled(pa.Table.from_batches([forward]))
+        yield forward
         if instance == 0:
             stats = table.filter(pc.equal(table.column("kind"), STAT))
             for j in range(stage.parallelism):
@@ -100,45 +95,6 @@ def step_instance(stage: StageTwo) -> Body:
             yield from ticks(range(stage.parallelism)).to_batches()
 
     return per_instance
-
-
-def bundled(rows: pa.Table) -> list[pa.RecordBatch]:
-    """``rows`` with their ``record`` rows packed into :data:`BUNDLE` rows, one per
-    instance (and up to :data:`_BUNDLE_ROWS` records): the exchange then moves a few rows
-    instead of one per record (each costs the JVM a row conversion both ways and a
-    shuffle record). The other rows, in their order, come first."""
-    is_record = pc.fill_null(pc.equal(rows.column("kind"), RECORD), False)
-    if not pc.any(is_record).as_py():
-        return cast("list[pa.RecordBatch]", rows.to_batches())
-    out: list[pa.RecordBatch] = rows.filter(pc.invert(is_record)).to_batches()
-    records = rows.filter(is_record).select(ENVELOPE_SCHEMA.names)
-    instances = records.column("instance")
-    for instance in sorted(pc.unique(instances).to_pylist()):
-        mine = records.filter(pc.equal(instances, instance))
-        for start in range(0, mine.num_rows, _BUNDLE_ROWS):
-            out.append(_bundle_row(instance, mine.slice(start, _BUNDLE_ROWS)))
-    return out
-
-
-def unbundled(table: pa.Table) -> pa.Table:
-    """``table`` with its :data:`BUNDLE` rows unpacked into the ``record`` rows they hold
-    (after the other rows): the rows the step before handed on, as it made them."""
-    is_bundle = pc.fill_null(pc.equal(table.column("kind"), BUNDLE), False)
-    if not pc.any(is_bundle).as_py():
-        return table
-    parts = [table.filter(pc.invert(is_bundle))]
-    for blob in table.filter(is_bundle).column("payload").to_pylist():
-        parts.append(pa.ipc.open_stream(blob).read_all().cast(parts[0].schema))
-    return cast("pa.Table", pa.concat_tables(parts))
-
-
-def _bundle_row(instance: int, records: pa.Table) -> pa.RecordBatch:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, records.schema) as writer:
-        writer.write_table(records)
-    cols: dict[str, list[Any]] = {f.name: [None] for f in ENVELOPE_SCHEMA}
-    cols |= {"kind": [BUNDLE], "instance": [instance], "payload": [sink.getvalue().to_pybytes()]}
-    return pa.RecordBatch.from_pydict(cols, schema=ENVELOPE_SCHEMA)
 
 
 def rows_for_later(table: pa.Table, step: str | None) -> pa.ChunkedArray | None:
