@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from microbatch.errors import ConfigError, DataLossError, SourceError
 from microbatch.kafka.offsets import OffsetRange
-from microbatch.kafka.reader import KAFKA_SCHEMA, _headers_array, build_consumer_config
+from microbatch.kafka.reader import build_consumer_config, kafka_batch
 
 log = logging.getLogger(__name__)
 
@@ -186,21 +186,17 @@ def _batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
     """One ``KAFKA_SCHEMA`` batch from confluent-kafka ``Message``s: whole columns at once."""
     from confluent_kafka import Message
 
-    n = len(records)
     headers = list(map(Message.headers, records))  # None, not [], without headers
     if any(headers):
         headers = [h or [] for h in headers]
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(list(map(Message.key, records)), pa.binary()),
-            pa.array(list(map(Message.value, records)), pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array(list(map(Message.offset, records)), pa.int64()),
-            pa.array([ts for _, ts in map(Message.timestamp, records)], pa.int64()),
-            _headers_array(headers),
-        ],
-        schema=KAFKA_SCHEMA,
+    return kafka_batch(
+        topic,
+        partition,
+        list(map(Message.key, records)),
+        list(map(Message.value, records)),
+        list(map(Message.offset, records)),
+        [ts for _, ts in map(Message.timestamp, records)],
+        headers,
     )
 
 

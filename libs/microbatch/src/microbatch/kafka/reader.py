@@ -116,16 +116,38 @@ def _headers_array(all_headers: list[Any]) -> pa.Array:
 
 def _to_batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
     """One Arrow batch from kafka-python ``ConsumerRecord``s: whole columns at once."""
-    n = len(records)
+    return kafka_batch(
+        topic,
+        partition,
+        list(map(_KEY, records)),
+        list(map(_VALUE, records)),
+        list(map(_OFFSET, records)),
+        list(map(_TIMESTAMP, records)),
+        list(map(_HEADERS, records)),
+    )
+
+
+def kafka_batch(
+    topic: str,
+    partition: int,
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    offsets: list[int],
+    timestamps: list[int],
+    headers: list[Any],
+) -> pa.RecordBatch:
+    """One :data:`KAFKA_SCHEMA` batch of one partition's records, given column by column
+    (whichever client read them)."""
+    n = len(offsets)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(list(map(_KEY, records)), pa.binary()),
-            pa.array(list(map(_VALUE, records)), pa.binary()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
             pa.array([topic] * n, pa.string()),
             pa.array([partition] * n, pa.int32()),
-            pa.array(list(map(_OFFSET, records)), pa.int64()),
-            pa.array(list(map(_TIMESTAMP, records)), pa.int64()),
-            _headers_array(list(map(_HEADERS, records))),
+            pa.array(offsets, pa.int64()),
+            pa.array(timestamps, pa.int64()),
+            _headers_array(headers),
         ],
         schema=KAFKA_SCHEMA,
     )
