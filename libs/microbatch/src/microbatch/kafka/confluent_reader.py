@@ -29,9 +29,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from microbatch.errors import ConfigError, DataLossError, SourceError
+from microbatch.errors import ConfigError, SourceError
 from microbatch.kafka.offsets import OffsetRange
-from microbatch.kafka.reader import build_consumer_config, kafka_batch
+from microbatch.kafka.reader import build_consumer_config, deleted_start, kafka_batch
 
 log = logging.getLogger(__name__)
 
@@ -244,13 +244,7 @@ def read_range_confluent(
                     elif error.code() == KafkaError._PARTITION_EOF:
                         seen = max(seen, m.offset())
                     elif error.code() == KafkaError._AUTO_OFFSET_RESET:
-                        raise DataLossError(
-                            f"reading {where}: offset {seen} is no longer available "
-                            "(retention deleted it after the batch was planned). Rerun with "
-                            "`microbatch run --replan` (or on_out_of_range='earliest') to "
-                            "plan the batch again without the deleted records, which its "
-                            "stats then count as skipped."
-                        )
+                        raise deleted_start(where, seen)
                     elif error.fatal() or error.code() in permanent:
                         raise SourceError(f"reading {where} at offset {seen}: {error.str()}")
                     # else transient (a lost broker connection): librdkafka retries it

@@ -153,6 +153,17 @@ def kafka_batch(
     )
 
 
+def deleted_start(where: str, offset: int) -> DataLossError:
+    """The error of a range whose next offset retention deleted after planning (either
+    reader), saying how to go on."""
+    return DataLossError(
+        f"reading {where}: offset {offset} is no longer available (retention deleted it "
+        "after the batch was planned). Rerun with `microbatch run --replan` (or "
+        "on_out_of_range='earliest') to plan the batch again without the deleted records, "
+        "which its stats then count as skipped."
+    )
+
+
 def read_range(
     bootstrap_servers: str,
     r: OffsetRange,
@@ -193,12 +204,7 @@ def read_range(
             try:  # never more than one batch pending: no list copies, bounded memory
                 polled = consumer.poll(timeout_ms=500, max_records=batch_rows - len(pending))
             except OffsetOutOfRangeError as exc:
-                raise DataLossError(
-                    f"reading {where}: offset {position} is no longer available (retention "
-                    "deleted it after the batch was planned). Rerun with `microbatch run "
-                    "--replan` (or on_out_of_range='earliest') to plan the batch again "
-                    "without the deleted records, which its stats then count as skipped."
-                ) from exc
+                raise deleted_start(where, position) from exc
             records = polled.get(tp, ())
             if records and records[-1].offset >= r.end:
                 records = [rec for rec in records if rec.offset < r.end]
