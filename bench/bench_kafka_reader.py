@@ -52,6 +52,7 @@ else starts a Kafka broker on free loopback ports and stops it at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -69,7 +70,6 @@ import pyarrow.compute as pc
 from benchlib import kafka_settings, load, log, spark_cpu_seconds
 
 from microbatch.kafka import OffsetRange, read_range, read_range_confluent, read_ranges_spark
-from microbatch.kafka.confluent_reader import read_descriptors_confluent
 from microbatch.kafka.reader import build_consumer_config, range_descriptors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -385,7 +385,10 @@ def four_partitions(settings: Any, records: int, repeat: int) -> None:
             ),
         ),
         "kafka-python read_range in tasks": (True, in_tasks(read_descriptors)),
-        "confluent reader in tasks": (True, in_tasks(read_descriptors_confluent)),
+        "confluent reader in tasks": (
+            True,
+            in_tasks(functools.partial(read_descriptors, client="confluent")),
+        ),
         "kafka-python read_range, 1 process": (False, in_process(read_range)),
         "confluent reader, 1 process": (False, in_process(read_range_confluent)),
     }

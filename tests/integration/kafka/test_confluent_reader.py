@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from microbatch.errors import DataLossError, SourceError
+from microbatch.errors import DataLossError
 from microbatch.kafka import (
     KAFKA_SCHEMA,
     KafkaBrokerView,
@@ -83,14 +83,3 @@ def test_a_deleted_start_fails_as_data_loss_never_skips(bootstrap, admin) -> Non
         list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 10, 100), poll_timeout_s=10))
     assert f"{topic}[0] [10, 100) on {bootstrap}" in str(err.value)
     assert "--replan" in str(err.value)
-
-
-def test_a_range_past_the_end_times_out_with_a_named_error(bootstrap, admin) -> None:
-    topic = new_topic(admin, 1)
-    produce(bootstrap, topic, [(0, None, b"x")] * 3)
-
-    with pytest.raises(SourceError) as err:
-        list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 0, 50), poll_timeout_s=1))
-    message = str(err.value)
-    assert f"{topic}[0] [0, 50) on {bootstrap}" in message
-    assert "no progress for 1 s at offset 3" in message

@@ -27,6 +27,7 @@ from microbatch.kafka import (
     partition_lag,
     plan_batch,
     read_range,
+    read_range_confluent,
     read_ranges,
     snapshot_from_json,
     snapshot_to_json,
@@ -256,11 +257,12 @@ def test_tail_of_transaction_markers_and_aborted_records_does_not_hang(bootstrap
     assert list(read_range(bootstrap, OffsetRange(topic, 0, 10, end), poll_timeout_s=5)) == []
 
 
-def test_read_range_past_the_end_times_out_with_a_named_error(bootstrap, admin):
+@pytest.mark.parametrize("read", [read_range, read_range_confluent], ids=["python", "confluent"])
+def test_read_range_past_the_end_times_out_with_a_named_error(bootstrap, admin, read):
     topic = new_topic(admin, 1)
     produce(bootstrap, topic, [(0, None, b"x")] * 3)
     with pytest.raises(SourceError) as err:
-        list(read_range(bootstrap, OffsetRange(topic, 0, 0, 50), poll_timeout_s=1))
+        list(read(bootstrap, OffsetRange(topic, 0, 0, 50), poll_timeout_s=1))
     message = str(err.value)
     assert f"{topic}[0] [0, 50) on {bootstrap}" in message
     assert "no progress for 1 s at offset 3" in message

@@ -21,10 +21,9 @@ has no librdkafka setting of the same meaning is refused, never dropped.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -119,18 +118,28 @@ def unmapped_settings(config: Mapping[str, Any]) -> list[str]:
 
 def confluent_problem(config: Mapping[str, Any] | None) -> str | None:
     """Why ``KafkaSource(reader="auto")`` cannot read with confluent-kafka here (None: it
-    can): the package is missing on the driver, or ``config`` (kafka-python names) holds
-    a setting librdkafka has no equivalent of. The executors run the same environment as
-    the driver (confluent-kafka is one of microbatch's dependencies)."""
+    can): :func:`check_confluent`'s error. The executors run the same environment as the
+    driver (confluent-kafka is one of microbatch's dependencies)."""
     try:
-        import confluent_kafka  # noqa: F401
-    except ImportError as exc:
-        return f"confluent-kafka is not installed ({exc})"
-    try:
-        librdkafka_config(config)
+        check_confluent(config)
     except ConfigError as exc:
         return str(exc)
     return None
+
+
+def check_confluent(config: Mapping[str, Any] | None) -> None:
+    """Raise :class:`ConfigError` unless confluent-kafka imports and ``config`` (kafka-python
+    names, ``Settings.kafka_client_config``) maps to librdkafka's settings: checked on the
+    driver, so a stage-1 task never starts to fail there."""
+    librdkafka_config(config)
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            "KafkaSource(reader='confluent') needs the confluent-kafka package on the "
+            f"driver and the executors ({exc}): pip install confluent-kafka (or use "
+            "reader='python' or 'spark')"
+        ) from exc
 
 
 def librdkafka_config(config: Mapping[str, Any] | None, *, where: str = "") -> dict[str, Any]:
@@ -278,57 +287,3 @@ def read_range_confluent(
             yield _batch(r.topic, r.partition, pending)
     finally:
         consumer.close()
-
-
-def read_descriptors_confluent(
-    batches: Iterable[pa.RecordBatch],
-    bootstrap_servers: str,
-    *,
-    batch_rows: int = 10_000,
-    poll_timeout_s: float = 60.0,
-    consumer_config: Mapping[str, Any] | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """The records (``KAFKA_SCHEMA``) of the ranges described by ``range_descriptors``
-    rows, read by confluent-kafka: :func:`~microbatch.kafka.reader.read_descriptors`'s
-    counterpart, the body of a ``mapInArrow``."""
-    for batch in batches:
-        for row in batch.to_pylist():
-            piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-            yield from read_range_confluent(
-                bootstrap_servers,
-                piece,
-                batch_rows=batch_rows,
-                poll_timeout_s=poll_timeout_s,
-                consumer_config=consumer_config,
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadingWithConfluent:
-    """A stage-1 task reading with confluent-kafka: its input rows are range descriptors;
-    it reads each range and hands the records to ``then`` (stage 1's function) as they
-    arrive, in one Python worker — as ``ReadingStageOne`` does with kafka-python.
-
-    ``consumer_config``: kafka-python names (``Settings.kafka_client_config``), checked
-    when this is made, on the driver, so an unmappable setting fails before any task."""
-
-    then: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
-    bootstrap_servers: str
-    consumer_config: Mapping[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        librdkafka_config(self.consumer_config)
-        try:
-            import confluent_kafka  # noqa: F401
-        except ImportError as exc:
-            raise ConfigError(
-                "KafkaSource(reader='confluent') needs the confluent-kafka package on the "
-                "driver and the executors: pip install confluent-kafka (or use "
-                "reader='python' or 'spark')"
-            ) from exc
-
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        reading = read_descriptors_confluent(
-            batches, self.bootstrap_servers, consumer_config=self.consumer_config
-        )
-        return self.then(reading)

@@ -275,16 +275,24 @@ def read_descriptors(
     batches: Iterable[pa.RecordBatch],
     bootstrap_servers: str,
     *,
+    client: str = "python",
     batch_rows: int = 10_000,
     poll_timeout_s: float = 60.0,
     consumer_config: Mapping[str, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The records (``KAFKA_SCHEMA``) of the ranges described by ``range_descriptors`` rows:
-    the body of a ``mapInArrow`` — alone, or fused with the next step of a task."""
+    the body of a ``mapInArrow`` — alone, or fused with the next step of a task. ``client``:
+    ``"python"`` reads with kafka-python (:func:`read_range`), ``"confluent"`` with
+    confluent-kafka (``confluent_reader.read_range_confluent``); the same records."""
+    read = read_range
+    if client == "confluent":
+        from microbatch.kafka.confluent_reader import read_range_confluent as read
+    elif client != "python":
+        raise ValueError(f"client must be 'python' or 'confluent', got {client!r}")
     for batch in batches:
         for row in batch.to_pylist():
             piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-            yield from read_range(
+            yield from read(
                 bootstrap_servers,
                 piece,
                 batch_rows=batch_rows,

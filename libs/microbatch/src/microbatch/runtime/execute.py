@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from microbatch.errors import BatchError, ConfigError
 from microbatch.kafka import BatchPlan, BrokerView
-from microbatch.kafka.confluent_reader import ReadingWithConfluent, confluent_problem
+from microbatch.kafka.confluent_reader import confluent_problem
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
@@ -202,10 +202,7 @@ class SparkExecutor:
             return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type), reader
         # None only without a non-empty range: plan.ranges holds only non-empty ones.
         descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
-        if reader == "confluent":
-            confluent = ReadingWithConfluent(process, bootstrap, config)
-            return descriptors.mapInArrow(confluent, envelope_type), reader
-        reading = ReadingStageOne(process, bootstrap, config)
+        reading = ReadingStageOne(process, bootstrap, config, client=reader)
         return descriptors.mapInArrow(reading, envelope_type), reader
 
     def _ticks_only(self, stage: StageTwo) -> list[Any]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from microbatch.errors import MicrobatchError, ProcessError, error_text
+from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.columnar import KnownKeys, columnar_envelopes
@@ -580,18 +581,27 @@ class StageOne:
 
 @dataclasses.dataclass(frozen=True)
 class ReadingStageOne:
-    """Stage 1 reading with kafka-python: the input rows are range descriptors
-    (``range_descriptors``); the task reads each range and hands the records to ``stage``
-    as they arrive, in one Python worker (not two chained ones)."""
+    """Stage 1 reading inside its own tasks: the input rows are range descriptors
+    (``range_descriptors``); the task reads each range with ``client`` (``"python"``:
+    kafka-python, ``"confluent"``: confluent-kafka) and hands the records to ``stage`` as
+    they arrive, in one Python worker (not two chained ones)."""
 
     stage: StageOne
     bootstrap_servers: str
     #: How to connect (``Settings.kafka_client_config``): kafka-python consumer settings.
     consumer_config: dict[str, Any] | None = None
+    client: str = "python"
+
+    def __post_init__(self) -> None:
+        if self.client == "confluent":  # on the driver: no task starts only to fail
+            check_confluent(self.consumer_config)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         reading = read_descriptors(
-            batches, self.bootstrap_servers, consumer_config=self.consumer_config
+            batches,
+            self.bootstrap_servers,
+            client=self.client,
+            consumer_config=self.consumer_config,
         )
         return self.stage(reading)
 
