@@ -239,7 +239,7 @@ def where_time_goes(pipeline: Pipeline, settings: Settings, result: BatchResult)
     for inst in stats.instances if stats else ():
         for k, v in inst.seconds.items():
             step, _, what = k.rpartition(".")
-            per = sums.setdefault(step or pipeline.uid, {})
+            per = sums.setdefault(step or pipeline.uid or "(sinks only)", {})
             per[what] = per.get(what, 0.0) + v
     for step, per in sums.items():
         rounded = {k: round(v, 2) for k, v in per.items()}

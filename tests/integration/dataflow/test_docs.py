@@ -4,6 +4,7 @@ output."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -32,8 +33,6 @@ def test_the_guide_has_code_to_run() -> None:
 
 def takings_reference(values: list[bytes], watermark: int) -> list[dict[str, Any]]:
     """Hopping windows of 10 s every 5 s per merchant, closed by ``watermark``."""
-    import json
-
     sums: dict[tuple[str, int], int] = defaultdict(int)
     for v in values:
         p = json.loads(v)
@@ -78,3 +77,13 @@ def test_the_guide_runs_and_its_dataflow_gives_the_reference_output(
     assert [r["card"] for r in rows("idle", "card")] == ["c6"]
     takings = rows("takings", "key", "window_start")
     assert takings and takings == takings_reference(VALUES, last.watermark)
+
+    # The refund audit: a dataflow without keyed steps, columns from source to sink.
+    BatchRunner(spark, namespace["refunds"], kafka_settings).run(BatchOptions(run_id="r"))
+    payments = [json.loads(v) for v in VALUES]
+    want_refunds = [
+        {"card": p["card"], "merchant": p["merchant"], "ts": p["ts"], "refund": -p["amount"]}
+        for p in payments
+        if p["amount"] <= 0
+    ]
+    assert want_refunds and rows("refunds", "ts") == want_refunds

@@ -323,12 +323,17 @@ def cmd_state(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     checkpoint asked for does not exist), saying where it looked."""
     from microbatch.checkpoint import Layout, list_checkpoints
     from microbatch.checkpoint.inspection import inspect_key
+    from microbatch.runtime.steps import sink_only
 
     pipeline = _load_pipeline(args.pipeline)
     store = checkpoint_store(pipeline, settings)
     key: Any = int(args.key) if args.int_key else args.key
-    retained = list_checkpoints(store, Layout())
     where = f"pipeline {pipeline.name!r}"
+    if sink_only(pipeline):
+        raise NotFoundError(
+            f"{where} has no keyed step (its sources feed its sinks only), so no key has state"
+        )
+    retained = list_checkpoints(store, Layout())
     if not retained:
         raise NotFoundError(
             f"{where} has no checkpoint yet in {store.url}, so no key has state: run a batch "

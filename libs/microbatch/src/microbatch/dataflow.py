@@ -26,6 +26,12 @@ the Airflow DAGs take; a job file may also name the :class:`Dataflow` itself. Wh
 dataflow can not be is refused there, naming the step: a sink fed twice or never, two
 steps with one uid, a window without event time or with two inputs.
 
+On a source with a declared ``value_schema``, :meth:`Stream.where` and
+:meth:`Stream.select` filter and project the Arrow columns before any record is built
+(:mod:`microbatch.runtime.columns`), and a dataflow needs no keyed step at all:
+``flow.source(s).where(...).select(...).to(sink)`` sends each sink its rows as columns,
+one Arrow table per instance and batch (:mod:`microbatch.runtime.column_taps`).
+
 Steps need not form a chain: a step's output (or a source) may feed several keyed steps,
 ``union`` merges streams of sources and keyed steps, and :meth:`KeyedStream.join` makes
 one keyed step of two keyed streams (:mod:`microbatch.runtime.graph`).
@@ -36,9 +42,12 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
+
+import pyarrow.compute as pc
 
 from microbatch.errors import ConfigError
+from microbatch.runtime.columns import ColumnStep, output_schema
 from microbatch.runtime.graph import Edge
 from microbatch.runtime.pipeline import (
     DeadLetterSink,
@@ -51,7 +60,14 @@ from microbatch.runtime.pipeline import (
     combined_source,
 )
 from microbatch.runtime.process import KeyedProcessFunction
-from microbatch.runtime.steps import Chain, KeyedStep, Stateless, StatelessKind, Tap
+from microbatch.runtime.steps import (
+    Chain,
+    KeyedStep,
+    NoKeyedStep,
+    Stateless,
+    StatelessKind,
+    Tap,
+)
 from microbatch.sinks import Sink
 from microbatch.validation import check_name
 
@@ -71,6 +87,8 @@ class _Strand:
 
     origin: int | _Keyed
     chain: Chain = ()
+    #: Column-wise steps (``where``/``select``) of a source's columns, before ``chain``.
+    columns: tuple[ColumnStep, ...] = ()
 
 
 @dataclasses.dataclass(eq=False)
@@ -134,14 +152,14 @@ class Dataflow:
         return Stream(self, (_Strand(len(self._sources) - 1),))
 
     def build(self) -> Pipeline:
-        """The pipeline this dataflow is: checked, ready for the runner."""
+        """The pipeline this dataflow is: checked, ready for the runner. Without a keyed
+        step, its first step is a :class:`~microbatch.runtime.steps.NoKeyedStep` that
+        gets no record: the sources' records only go to the sinks."""
         where = f"dataflow {self.name!r}"
         if not self._sources:
             raise ConfigError(f"{where}: no source; start with flow.source(KafkaSource(...))")
         if not self._steps:
-            raise ConfigError(
-                f"{where}: no keyed step; add .key_by(...).process(...) or .window(...)"
-            )
+            return self._sinks_only(where)
         read = {s.origin for step in self._steps for s, _, _ in step.inputs}
         unread = [s for i, s in enumerate(self._sources) if i not in read]
         if unread:
@@ -165,11 +183,13 @@ class Dataflow:
             **self._settings,
         }
         chain = self._as_chain()
+        columns = self._column_steps(first, chain is not None and not several)
         if chain is not None:  # each step reads the one before: no graph needed
             key, prefixes = chain
             inputs = tuple(Input(s, prefixes[i]) for i, s in enumerate(self._sources))
             return Pipeline(
                 key_by=key,
+                column_steps=columns,
                 prefix=() if several else prefixes[0],
                 inputs=inputs if several else (),
                 steps=tuple(
@@ -198,6 +218,43 @@ class Dataflow:
             edges=edges,
             **settings,
         )
+
+    def _sinks_only(self, where: str) -> Pipeline:
+        """A dataflow without keyed steps — source, stateless steps, sinks — as a pipeline
+        whose first step takes nothing (:class:`~microbatch.runtime.steps.NoKeyedStep`):
+        stage 1 sends the records to the sinks, the instances stage them."""
+        if not self._source_taps:
+            raise ConfigError(
+                f"{where}: no keyed step and no sink; send the stream to a sink with "
+                ".to(sink), or add .key_by(...).process(...)"
+            )
+        if len(self._sources) > 1:
+            raise ConfigError(
+                f"{where}: a dataflow without keyed steps reads one source (several: not "
+                "supported yet); key and union them, or write one dataflow per source"
+            )
+        return Pipeline(
+            name=self.name,
+            source=self._sources[0],
+            enrich=self._enrich,
+            process=NoKeyedStep(),
+            taps=(),
+            source_taps=tuple(self._source_taps),
+            sinks=tuple(self._sinks),
+            **self._settings,
+        )
+
+    def _column_steps(self, first: _Keyed, chained: bool) -> tuple[ColumnStep, ...]:
+        """The column steps before the first key (of the one source); refused, naming
+        the step, where they cannot run: several sources, a graph of steps."""
+        steps = [c for s, _, _ in first.inputs for c in s.columns]
+        if steps and not chained:
+            raise ConfigError(
+                f"dataflow {self.name!r}: {steps[0].kind} step {steps[0].name!r}: column "
+                "steps need one source feeding a chain of keyed steps (no union, branch or "
+                "join yet); use filter()/map() there"
+            )
+        return next((s.columns for s, _, _ in first.inputs if s.columns), ())
 
     def _as_chain(self) -> tuple[Key, dict[int, Chain]] | None:
         """(the first step's key, each source's stateless steps) when the keyed steps form
@@ -262,13 +319,81 @@ class Stream:
 
     def _then(self, kind: StatelessKind, fn: Callable[[Any], Any], name: str | None) -> Stream:
         n = max(len(s.chain) for s in self._strands) + 1
+        columns = next((s.columns[-1] for s in self._strands if s.columns), None)
+        if columns is not None:
+            raise ConfigError(
+                f"dataflow {self._flow.name!r}: a {kind} step after the column step "
+                f"{columns.name!r} is not supported yet; key the stream first, or express "
+                "the step with where()/select()"
+            )
         origins = [s.origin for s in self._strands]
         if all(isinstance(o, int) for o in origins):
             after = "source"
         else:
             after = cast(_Keyed, origins[0]).uid if len(origins) == 1 else "union"
         step = Stateless(kind, fn, name or f"{after}.{kind}-{n}")
-        return Stream(self._flow, tuple(_Strand(s.origin, (*s.chain, step)) for s in self._strands))
+        strands = (dataclasses.replace(s, chain=(*s.chain, step)) for s in self._strands)
+        return Stream(self._flow, tuple(strands))
+
+    def where(self, condition: pc.Expression, *, name: str | None = None) -> Stream:
+        """Keep the rows where ``condition`` (a :class:`pyarrow.compute.Expression` on the
+        declared schema's columns, e.g. ``pc.field("price") > 10``) is true; a null is not
+        true. Runs on the Arrow columns in stage 1, before any record is built: only on a
+        source with a ``value_schema``, before record-wise and keyed steps."""
+        if not isinstance(condition, pc.Expression):
+            raise ConfigError(
+                f"dataflow {self._flow.name!r}: where() takes a pyarrow.compute.Expression "
+                f"such as pc.field('price') > 10, got {condition!r}; for a Python function "
+                "use filter()"
+            )
+        return self._column_step("where", name, condition=condition)
+
+    def select(self, *names: str, **computed: pc.Expression) -> Stream:
+        """Keep the columns ``names`` (in that order) and append a column per keyword, the
+        value of a :class:`pyarrow.compute.Expression` (e.g. ``select("auction",
+        price=pc.field("price") * 0.908)``). Column-wise, like :meth:`where`."""
+        where = f"dataflow {self._flow.name!r}"
+        bad = [n for n in names if not isinstance(n, str) or not n]
+        if bad or not (names or computed):
+            raise ConfigError(f"{where}: select() takes column names and name=expression")
+        for column, expr in computed.items():
+            if not isinstance(expr, pc.Expression):
+                raise ConfigError(
+                    f"{where}: select() column {column!r} must be a pyarrow.compute.Expression"
+                    f", got {expr!r} (a constant: pc.scalar(value))"
+                )
+        return self._column_step(
+            "select", None, names=tuple(names), computed=tuple(computed.items())
+        )
+
+    def _column_step(self, kind: Literal["where", "select"], name: str | None,
+                     **how: Any) -> Stream:  # fmt: skip
+        """A column step after this stream's, checked on the source's declared schema."""
+        flow = self._flow
+        (strand,) = self._strands if len(self._strands) == 1 else (None,)
+        name = name or f"source.{kind}-{len(strand.columns) + 1 if strand else 1}"
+        refuse = f"dataflow {flow.name!r}: {kind} step {name!r}"
+        if strand is None or not isinstance(strand.origin, int):
+            raise ConfigError(
+                f"{refuse}: column steps run on one source's columns, right after "
+                "flow.source(...); not after a keyed step or on a union"
+            )
+        if strand.chain:
+            raise ConfigError(
+                f"{refuse}: comes after the record-wise step {strand.chain[-1].name!r}; "
+                "put where()/select() before map/filter/flat_map"
+            )
+        schema = flow._sources[strand.origin].value_schema
+        if schema is None:
+            raise ConfigError(
+                f"{refuse}: column steps need the source's declared schema: "
+                "KafkaSource(..., value_schema=JsonSchema({...}))"
+            )
+        if flow._enrich is not None:
+            raise ConfigError(f"{refuse}: column steps do not run after enrich()")
+        columns = (*strand.columns, ColumnStep(kind, name, **how))
+        output_schema(columns, schema.arrow_schema, f"dataflow {flow.name!r}")
+        return Stream(flow, (dataclasses.replace(strand, columns=columns),))
 
     def union(self, *others: Stream) -> Stream:
         """One stream of this one's records and ``others``': of sources or keyed steps,
@@ -336,7 +461,8 @@ class Stream:
         (strand,) = self._strands
         if isinstance(strand.origin, int):
             flow._add_sink(sink)
-            flow._source_taps.append(Tap(sink.name, strand.chain, source=strand.origin))
+            tap = Tap(sink.name, strand.chain, source=strand.origin, columns=strand.columns)
+            flow._source_taps.append(tap)
         else:
             flow._add_sink(sink)
             strand.origin.taps.append(Tap(sink.name, strand.chain))

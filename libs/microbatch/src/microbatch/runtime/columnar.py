@@ -23,7 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from microbatch.errors import ProcessError
 from microbatch.keygroups import encode_key, key_group_of_bytes
+from microbatch.runtime.columns import ColumnStep, ColumnStepFailed, run_columns
 from microbatch.runtime.envelope import (
     RECORD,
     SOURCE_COLUMNS,
@@ -32,7 +34,7 @@ from microbatch.runtime.envelope import (
     envelope_schema,
     value_columns,
 )
-from microbatch.runtime.pipeline import columnar_values
+from microbatch.runtime.pipeline import Pipeline, columnar_values
 from microbatch.runtime.schema import SCHEMA_MISMATCH, ValueSchema, kind_of
 
 if TYPE_CHECKING:
@@ -46,22 +48,12 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     from microbatch.runtime.stage_one import _Bad  # the per-record path's verdicts
 
     pipeline = stage.pipeline
-    # Only called when columnar_values(pipeline) is not None: the source declares a schema.
-    schema = cast(ValueSchema, pipeline.source.value_schema)
-    values = schema.arrow_schema
+    values = columnar_values(pipeline)  # after the column steps
     out = EnvelopeBuilder(envelope_schema(values))
-    topic, part, off, rkey, rvalue = (batch.column(c) for c in SOURCE_COLUMNS)
-    dead: dict[int, tuple[str, str]] = {}
-
-    present = rvalue.is_valid().to_numpy(zero_copy_only=False)
-    source_rows = np.nonzero(present)[0]
-    for i in np.nonzero(~present)[0].tolist():
-        dead[i] = ("undecodable", "record has no value (tombstone)")
-    decoded = schema.decode(rvalue if present.all() else rvalue.filter(pa.array(present)))
-    for r, error in decoded.bad:
-        dead[int(source_rows[r])] = (SCHEMA_MISMATCH, error)
-    rows = source_rows[decoded.rows]  # source row of each decoded record
-    table = decoded.table
+    topic, part, off, _, rvalue = (batch.column(c) for c in SOURCE_COLUMNS)
+    table, rows, dead = decoded_values(pipeline, rvalue)
+    if pipeline.column_steps:  # where() drops rows before they are keyed: no dead letter
+        table, rows = column_steps(stage, pipeline.column_steps, table, rows, batch)
 
     key_bytes, key_groups, slow = _keys(stage, table.column(pipeline.key_by))
     ts = _event_times(stage, table, slow)
@@ -95,14 +87,63 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
         *(table.column(f.name).take(pa.array(keep)).combine_chunks() for f in values),
     ]
     records = pa.RecordBatch.from_arrays(columns, schema=out.schema)
-    for i in sorted(dead):
-        reason, error = dead[i]
-        out.dead(topic[i].as_py(), part[i].as_py(), off[i].as_py(), stage.parallelism, reason,
-                 error, rkey[i].as_py(), rvalue[i].as_py())  # fmt: skip
-    built = out.build(_inputs(topic, part), stage.parallelism, records)  # stats: of records
+    add_dead_letters(out, dead, batch, stage.parallelism)
+    built = out.build(
+        consumed_per_partition(topic, part), stage.parallelism, records
+    )  # stats: of records
     if not stage.pre_aggregate:
         return built
     return _pre_aggregated(stage, records, built.slice(records.num_rows), instance_of)
+
+
+def decoded_values(
+    pipeline: Pipeline, values: pa.Array
+) -> tuple[pa.Table, np.ndarray, dict[int, tuple[str, str]]]:
+    """Kafka values decoded by the source's declared schema: the records' columns, the
+    source row of each, and (reason, error) per source row that is a dead letter."""
+    # Only called when columnar_values(pipeline) is not None: the source declares a schema.
+    schema = cast(ValueSchema, pipeline.source.value_schema)
+    dead: dict[int, tuple[str, str]] = {}
+    present = values.is_valid().to_numpy(zero_copy_only=False)
+    source_rows = np.nonzero(present)[0]
+    for i in np.nonzero(~present)[0].tolist():
+        dead[i] = ("undecodable", "record has no value (tombstone)")
+    decoded = schema.decode(values if present.all() else values.filter(pa.array(present)))
+    for r, error in decoded.bad:
+        dead[int(source_rows[r])] = (SCHEMA_MISMATCH, error)
+    return decoded.table, source_rows[decoded.rows], dead
+
+
+def add_dead_letters(
+    out: EnvelopeBuilder, dead: dict[int, tuple[str, str]], batch: pa.RecordBatch,
+    parallelism: int,
+) -> None:  # fmt: skip
+    """Dead-letter rows for the source rows in ``dead``, in source order."""
+    topic, part, off, rkey, rvalue = (batch.column(c) for c in SOURCE_COLUMNS)
+    for i in sorted(dead):
+        reason, error = dead[i]
+        out.dead(topic[i].as_py(), part[i].as_py(), off[i].as_py(), parallelism, reason,
+                 error, rkey[i].as_py(), rvalue[i].as_py())  # fmt: skip
+
+
+def column_steps(
+    stage: StageOne, steps: Sequence[ColumnStep], table: pa.Table, rows: np.ndarray,
+    batch: pa.RecordBatch,
+) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
+    """Decoded records after column ``steps``, with their source rows; an Arrow error
+    fails the batch, naming the pipeline, the step and the source partitions."""
+    try:
+        out, kept = run_columns(steps, table, rows)
+    except ColumnStepFailed as e:
+        partitions = sorted(
+            consumed_per_partition(batch.column("topic"), batch.column("partition"))
+        )
+        where = ", ".join(f"{t}[{p}]" for t, p in partitions)
+        raise ProcessError(
+            f"pipeline {stage.pipeline.name!r} stage 1: {e} on {where}. Fix the expression "
+            "(e.g. cast to a wider type before it can overflow); the batch is retried as is."
+        ) from e
+    return out, cast(np.ndarray, kept)
 
 
 def _pre_aggregated(
@@ -214,7 +255,7 @@ def _event_times(stage: StageOne, table: pa.Table, slow: np.ndarray) -> np.ndarr
     return ts
 
 
-def _inputs(topic: pa.Array, part: pa.Array) -> Counter[tuple[str, int]]:
+def consumed_per_partition(topic: pa.Array, part: pa.Array) -> Counter[tuple[str, int]]:
     """Records consumed per source partition (a Kafka batch is mostly one partition's)."""
     if not len(part):
         return Counter()

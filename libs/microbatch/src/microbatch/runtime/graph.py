@@ -63,7 +63,8 @@ def edges_of(pipeline: Pipeline) -> tuple[Edge, ...]:
         return tuple(pipeline.edges)
     first = first_uid(pipeline)
     key = pipeline.key_by
-    assert key is not None
+    if key is None:  # a dataflow without keyed steps: only sinks (``steps.sink_only``)
+        return ()
     if pipeline.inputs:
         edges = [Edge(i, first, key, inp.prefix) for i, inp in enumerate(pipeline.inputs)]
     else:

@@ -26,16 +26,19 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+import pyarrow as pa
 
 from microbatch.errors import ConfigError
 from microbatch.kafka.confluent_reader import librdkafka_config
 from microbatch.keygroups import check_max_parallelism
+from microbatch.runtime.columns import ColumnStep, output_schema
 from microbatch.runtime.consumer_config import check_consumer_config
 from microbatch.runtime.graph import Edge, check_edges
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.schema import ValueSchema, kind_of
-from microbatch.runtime.steps import KeyedStep, Stateless, Tap, check_steps
+from microbatch.runtime.steps import KeyedStep, Stateless, Tap, check_steps, sink_only
 from microbatch.runtime.tombstones import check_tombstones
 from microbatch.sinks import DEAD_LETTER_SINK, DeadLetterSink, KafkaSink, ParquetSink, Sink
 from microbatch.sinks.deadletters import check_sinks
@@ -287,6 +290,10 @@ class Pipeline:
     #: (:class:`~microbatch.runtime.graph.Edge`), replacing ``prefix``, the inputs'
     #: prefixes and the steps' ``before``; empty for a chain.
     edges: Sequence[Edge] = ()
+    #: Column-wise steps (``where``/``select``, :mod:`microbatch.runtime.columns`) on the
+    #: declared schema's columns, before the first key and before ``prefix``: one source
+    #: with a ``value_schema``, no enrichment, a chain.
+    column_steps: Sequence[ColumnStep] = ()
 
     def __post_init__(self) -> None:
         check_name("pipeline", self.name)
@@ -297,7 +304,9 @@ class Pipeline:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "source_taps", tuple(self.source_taps))
         object.__setattr__(self, "edges", tuple(self.edges))
+        object.__setattr__(self, "column_steps", tuple(self.column_steps))
         check_inputs(self)
+        check_column_steps(self)
         if self.taps is not None:
             object.__setattr__(self, "taps", tuple(self.taps))
         where = f"pipeline {self.name!r}"
@@ -312,12 +321,14 @@ class Pipeline:
                 f"{where}: windows need event time: set event_time=EventTime(field=...) to the "
                 "record field holding each record's time"
             )
-        if self.key_by is None:
+        if self.key_by is None and not sink_only(self):
             raise ConfigError(
                 f"{where}: key_by is missing; keyed state needs a key (a field name or a "
                 "function of the record)"
             )
-        if not (isinstance(self.key_by, str) and self.key_by) and not callable(self.key_by):
+        if sink_only(self):
+            check_sink_only(self, where)
+        elif not (isinstance(self.key_by, str) and self.key_by) and not callable(self.key_by):
             raise ConfigError(f"{where}: key_by must be a field name or callable: {self.key_by!r}")
         if not self.checkpoints:
             raise ConfigError(f"{where}: checkpoints location is empty")
@@ -465,9 +476,13 @@ def check_value_schema(pipeline: Pipeline) -> None:
     schema = pipeline.source.value_schema
     if schema is None or pipeline.prefix or pipeline.inputs or pipeline.edges:  # reshaped
         return
+    if sink_only(pipeline):  # no key, no event time read
+        return
     where = f"pipeline {pipeline.name!r}"
-    fields = {f.name: f for f in schema.arrow_schema}
-    declared = ", ".join(fields)
+    fields = {f.name: f for f in column_values(pipeline)}
+    declared = "declared: " + ", ".join(fields)
+    if pipeline.column_steps:  # the columns the key and event time are read from
+        declared = "columns after the column steps: " + ", ".join(fields)
     kinds = {n: kind_of(f) for n, f in fields.items()}
     if not isinstance(pipeline.key_by, str):
         raise ConfigError(
@@ -476,8 +491,7 @@ def check_value_schema(pipeline: Pipeline) -> None:
         )
     if pipeline.key_by not in fields:
         raise ConfigError(
-            f"{where}: key_by {pipeline.key_by!r} is not a field of the value_schema "
-            f"(declared: {declared})"
+            f"{where}: key_by {pipeline.key_by!r} is not a field of the value_schema ({declared})"
         )
     if kinds[pipeline.key_by] not in _KEY_TYPES:
         raise ConfigError(
@@ -489,7 +503,7 @@ def check_value_schema(pipeline: Pipeline) -> None:
         if field not in fields:
             raise ConfigError(
                 f"{where}: event_time field {field!r} is not a field of the value_schema "
-                f"(declared: {declared})"
+                f"({declared})"
             )
         if kinds[field] not in _EVENT_TIME_TYPES:
             raise ConfigError(
@@ -498,11 +512,106 @@ def check_value_schema(pipeline: Pipeline) -> None:
             )
 
 
-def columnar_values(pipeline: Pipeline) -> Any:
-    """The Arrow schema of the record columns stage 1 hands stage 2, or None when records
-    travel as payloads (no declared schema, or enrichment or stateless steps, which work
-    on records)."""
+def check_column_steps(pipeline: Pipeline) -> None:
+    """Column steps need what they run on — one source's declared columns, before any
+    record exists — and must evaluate on them; their output schema is kept (the columns
+    stage 1 hands on: :func:`columnar_values`)."""
+    where = f"pipeline {pipeline.name!r}"
+    taps = [t for t in pipeline.source_taps if t.columns]
+    if taps and not sink_only(pipeline):
+        raise ConfigError(
+            f"{where}: sink {taps[0].sink!r} after column steps: in a dataflow with keyed "
+            "steps not supported yet (a dataflow of sources and sinks only is)"
+        )
+    if not pipeline.column_steps:
+        return
+    step = pipeline.column_steps[0]
     schema = pipeline.source.value_schema
+    if schema is None or pipeline.inputs:
+        raise ConfigError(
+            f"{where}: {step.kind} step {step.name!r} runs on the columns of a declared "
+            "schema: give the source value_schema=JsonSchema(...) (one source)"
+        )
+    if pipeline.enrich is not None or pipeline.edges:
+        raise ConfigError(
+            f"{where}: {step.kind} step {step.name!r}: column steps run right after the "
+            "source, in a chain of keyed steps without enrichment"
+        )
+    if pipeline.prefix:
+        raise ConfigError(
+            f"{where}: {step.kind} step {step.name!r}: record-wise steps (map, filter, "
+            "flat_map) after column steps are not supported yet; use where() and select() "
+            "only, up to the first key_by"
+        )
+    if pipeline.source_taps:
+        raise ConfigError(
+            f"{where}: {step.kind} step {step.name!r}: sinks fed by the source (before the "
+            "first keyed step) beside column steps are not supported yet in a dataflow with "
+            "keyed steps; feed the sink from a keyed step"
+        )
+    values = output_schema(pipeline.column_steps, schema.arrow_schema, where)
+    object.__setattr__(pipeline, "_column_values", values)
+
+
+def check_sink_only(pipeline: Pipeline, where: str) -> None:
+    """A dataflow without keyed steps: its sinks take the source's records, through
+    record-wise steps, or column-wise ones (then as columns: :func:`tap_values`)."""
+    if pipeline.steps or pipeline.edges or pipeline.taps or pipeline.column_steps:
+        raise ConfigError(f"{where}: a pipeline without keyed steps has sinks fed by sources only")
+    if not pipeline.source_taps:
+        raise ConfigError(f"{where}: no keyed step and no sink: send the source to a sink")
+    if pipeline.inputs:
+        raise ConfigError(
+            f"{where}: a dataflow without keyed steps reads one source (several: not yet)"
+        )
+    columns = [t for t in pipeline.source_taps if t.columns]
+    record_wise = [t for t in pipeline.source_taps if t.chain]
+    if columns and record_wise:
+        raise ConfigError(
+            f"{where}: sink {columns[0].sink!r} takes columns (where/select) and sink "
+            f"{record_wise[0].sink!r} records (map/filter/flat_map); in one dataflow without "
+            "keyed steps, use one kind"
+        )
+    schema = pipeline.source.value_schema
+    if columns and (schema is None or pipeline.enrich is not None):
+        raise ConfigError(
+            f"{where}: sink {columns[0].sink!r}: column steps need the source's declared "
+            "schema (value_schema=), and no enrichment"
+        )
+    if schema is None or record_wise or pipeline.enrich is not None:
+        return  # the records travel as payloads
+    values: dict[str, pa.Schema] = {}
+    types: dict[str, tuple[str, pa.DataType]] = {}
+    for tap in pipeline.source_taps:
+        out = output_schema(tap.columns, schema.arrow_schema, where)
+        for f in out:
+            before = types.setdefault(f.name, (tap.sink, f.type))
+            if before[1] != f.type:
+                raise ConfigError(
+                    f"{where}: sinks {before[0]!r} and {tap.sink!r} take column {f.name!r} "
+                    f"as {before[1]} and {f.type}; rename one with select()"
+                )
+        values[tap.sink] = out
+    object.__setattr__(pipeline, "_tap_values", values)
+
+
+def tap_values(pipeline: Pipeline) -> dict[str, pa.Schema] | None:
+    """Per sink of a dataflow without keyed steps whose records travel as columns: the
+    columns it takes; None when they travel as payloads."""
+    return cast("dict[str, pa.Schema] | None", pipeline.__dict__.get("_tap_values"))
+
+
+def columnar_values(pipeline: Pipeline) -> Any:
+    """The Arrow schema of the record columns stage 1 hands stage 2 (after the column
+    steps), or None when records travel as payloads (no declared schema, or enrichment
+    or stateless steps, which work on records)."""
+    schema = pipeline.source.value_schema
+    if sink_only(pipeline):  # every sink's columns, in one envelope
+        taps = tap_values(pipeline)
+        if taps is None:
+            return None
+        fields = {f.name: f for out in taps.values() for f in out}
+        return pa.schema(list(fields.values()))
     if (
         schema is None
         or pipeline.enrich is not None
@@ -512,7 +621,15 @@ def columnar_values(pipeline: Pipeline) -> Any:
         or pipeline.edges
     ):
         return None
-    return schema.arrow_schema
+    return column_values(pipeline)
+
+
+def column_values(pipeline: Pipeline) -> pa.Schema:
+    """The declared schema's columns after the pipeline's column steps (its source has a
+    ``value_schema``)."""
+    if pipeline.column_steps:
+        return cast(pa.Schema, pipeline.__dict__["_column_values"])
+    return cast(ValueSchema, pipeline.source.value_schema).arrow_schema
 
 
 def check_parallelism_for(pipeline: Pipeline, parallelism: int) -> int:

@@ -26,6 +26,7 @@ from microbatch.errors import MicrobatchError, ProcessError, error_text
 from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.runtime.column_taps import tap_envelopes
 from microbatch.runtime.columnar import KnownKeys, columnar_envelopes
 from microbatch.runtime.envelope import (
     OUTPUT,
@@ -53,7 +54,14 @@ from microbatch.runtime.pipeline import (
     json_decoder,
 )
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
-from microbatch.runtime.steps import Stateless, StepFailed, Tap, filters_only, run_chain
+from microbatch.runtime.steps import (
+    Stateless,
+    StepFailed,
+    Tap,
+    filters_only,
+    run_chain,
+    sink_only,
+)
 from microbatch.runtime.tombstones import sources_of
 
 if TYPE_CHECKING:
@@ -236,6 +244,10 @@ class StageOne:
         }
 
     @functools.cached_property
+    def _sinks_only(self) -> bool:
+        return sink_only(self.pipeline)
+
+    @functools.cached_property
     def _decoder(self) -> Any:
         return source_decoder(self.pipeline)
 
@@ -359,6 +371,8 @@ class StageOne:
 
     def envelopes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if columnar_values(self.pipeline) is not None:
+            if sink_only(self.pipeline):
+                return tap_envelopes(self, batch)
             return columnar_envelopes(self, batch)
         out = EnvelopeBuilder()
         topics, parts, offs, rkeys, rvalues = _source_columns(batch)
@@ -468,6 +482,9 @@ class StageOne:
         source bytes, handed on when the prefix only filters (of a single source)."""
         builder = EnvelopeBuilder()  # all of the record's rows, or none
         self.add_outputs(builder, topic, part, off, record, seq)
+        if self._sinks_only:  # no keyed step takes it
+            out.rows.extend(builder.rows)
+            return
         if self.pipeline.edges:  # a dataflow graph: each edge from this source
             for route in self._routes[topic]:
                 try:

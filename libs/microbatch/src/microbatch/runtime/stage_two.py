@@ -42,6 +42,7 @@ from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import instance_runs, restore_instance
 from microbatch.errors import CheckpointError, ProcessError, error_text
 from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key_group_range
+from microbatch.runtime.column_taps import tap_tables
 from microbatch.runtime.columnar import DecodedRecords, batch_records
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
@@ -56,7 +57,7 @@ from microbatch.runtime.envelope import (
 )
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.graph import first_uid, sides
-from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.pipeline import Pipeline, tap_values
 from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
@@ -352,12 +353,20 @@ class StageTwo:
                 raw_value=detail.raw_value, step=detail.step,
             )  # fmt: skip
 
-        # The records stage 1 sent to sinks fed before the first keyed step.
+        # The records stage 1 sent to sinks fed before the first keyed step: as columns
+        # (a dataflow without keyed steps, of a declared schema), else as payloads.
+        tables: dict[str, pa.Table] = {}
         if self.step is None and pipeline.source_taps:
             rows = table.filter(pc.equal(table.column("kind"), OUTPUT))
             rows = rows.sort_by([(c, "ascending") for c in SOURCE_ORDER])
-            for name, payload in zip(
-                rows.column("key").to_pylist(), rows.column("payload").to_pylist(), strict=True
+            if tap_values(pipeline) is not None:
+                tables = tap_tables(pipeline, rows)
+            for name, payload in (
+                ()
+                if tables
+                else zip(
+                    rows.column("key").to_pylist(), rows.column("payload").to_pylist(), strict=True
+                )
             ):
                 outputs[name.decode()].append(decode_payload(payload))
 
@@ -529,7 +538,9 @@ class StageTwo:
         )
         staged = {}
         for sink in pipeline.sinks:
-            if sink.name in outputs:
+            if sink.name in tables:
+                staged[sink.name] = sink.stage_columns(stage_ctx, tables[sink.name])
+            elif sink.name in outputs:
                 staged[sink.name] = sink.stage(stage_ctx, outputs[sink.name])
         if self.is_last:
             if pipeline.dead_letters is not None:
@@ -540,6 +551,8 @@ class StageTwo:
         stats["dead_letters"] = len(dead)
         for name, rows in outputs.items():
             stats[f"out.{name}"] = len(rows)
+        for name, columns in tables.items():
+            stats[f"out.{name}"] = columns.num_rows
         result = InstanceResult(
             instance=instance,
             stage_one=totals,

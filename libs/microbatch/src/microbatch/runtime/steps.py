@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from microbatch.errors import ConfigError, MicrobatchError, error_text
+from microbatch.runtime.columns import ColumnStep
 from microbatch.runtime.process import KeyedProcessFunction
 
 StatelessKind = Literal["map", "filter", "flat_map"]
@@ -108,6 +109,23 @@ class Tap:
     #: A tap before the first keyed step in a pipeline of several sources: which one's
     #: records it takes (its index among the pipeline's inputs; None: every record).
     source: int | None = None
+    #: A tap before the first keyed step: column steps (``where``/``select``) on the
+    #: source's declared columns, before ``chain``.
+    columns: tuple[ColumnStep, ...] = ()
+
+
+class NoKeyedStep(KeyedProcessFunction):
+    """The first keyed step of a dataflow that has none — source → steps → sinks: it is
+    given no record (stage 1 sends the records to the sinks only), keeps no state, and
+    lets the runtime run such a dataflow as a pipeline whose only outputs are taps."""
+
+    def process(self, key: Any, records: Any, ctx: Any) -> None:
+        raise MicrobatchError("a dataflow without keyed steps got a keyed record (a bug)")
+
+
+def sink_only(pipeline: Any) -> bool:
+    """Is ``pipeline`` a dataflow without keyed steps (its sinks fed by the sources)?"""
+    return isinstance(getattr(pipeline, "process", None), NoKeyedStep)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,6 +98,12 @@ class Sink(abc.ABC):
     def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
         """Stage one instance's ``rows`` (plain records); None when nothing was written."""
 
+    def stage_columns(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        """Stage one instance's records given as columns (a dataflow whose records never
+        became Python objects: :mod:`microbatch.runtime.column_taps`). Sinks that write
+        Arrow tables take them as they are; the others, as records."""
+        return self.stage(ctx, table.to_pylist())
+
     @abc.abstractmethod
     def publish(self, ctx: PublishContext) -> None:
         """Make the committed batch's staged output visible, exactly once."""
@@ -165,6 +171,30 @@ def rows_to_table(
         return table_of_dicts(records)
     except (pa.ArrowException, TypeError, ValueError, AttributeError) as e:
         raise inference_error(prefix, records, e) from e
+
+
+def conformed(sink_name: str, table: pa.Table, schema: pa.Schema | None) -> pa.Table:
+    """Columns as a table of the sink's ``schema``: each column cast, a missing one null,
+    an extra one left out — what the same records give through :func:`rows_to_table`.
+    Without a schema, the table as it is."""
+    from microbatch.errors import SinkError
+
+    if schema is None:
+        return table
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, field.type))
+            continue
+        try:
+            columns.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowException, ValueError, TypeError) as e:
+            raise SinkError(
+                f"sink {sink_name!r}: column {field.name!r} "
+                f"({table.schema.field(field.name).type}) does not fit the sink's schema "
+                f"({field.type}): {e}"
+            ) from e
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def table_of_typed_dicts(records: Sequence[Any], schema: pa.Schema) -> pa.Table | None:

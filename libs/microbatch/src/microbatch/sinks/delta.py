@@ -77,6 +77,7 @@ from microbatch.sinks.base import (
     Sink,
     StageContext,
     Staged,
+    conformed,
     partition_columns,
     rows_to_table,
 )
@@ -134,6 +135,9 @@ class DeltaSink(Sink):
 
     def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
         return self.stage_table(ctx, rows_to_table(self.name, rows, self.schema))
+
+    def stage_columns(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        return self.stage_table(ctx, conformed(self.name, table, self.schema))
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         if table.num_rows == 0:

@@ -35,6 +35,7 @@ from microbatch.sinks.base import (
     Sink,
     StageContext,
     Staged,
+    conformed,
     partition_columns,
     rows_to_table,
 )
@@ -98,7 +99,12 @@ class IcebergSink(Sink):
         return IcebergTarget(self, pipeline, settings)
 
     def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
-        table = rows_to_table(self.name, rows, self.schema)
+        return self.stage_table(ctx, rows_to_table(self.name, rows, self.schema))
+
+    def stage_columns(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        return self.stage_table(ctx, conformed(self.name, table, self.schema))
+
+    def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         if table.num_rows == 0:
             return None
         files = self.target(ctx.settings, ctx.pipeline).write_files(

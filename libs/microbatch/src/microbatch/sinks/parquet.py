@@ -63,6 +63,7 @@ from microbatch.sinks.base import (
     Sink,
     StageContext,
     Staged,
+    conformed,
     rows_to_table,
 )
 from microbatch.sinks.replacement import after_batch
@@ -119,6 +120,9 @@ class ParquetSink(Sink):
     def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
         where = f"pipeline {ctx.pipeline!r} batch {ctx.batch_id} instance {ctx.instance}"
         return self.stage_table(ctx, self.encode(rows, where))
+
+    def stage_columns(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        return self.stage_table(ctx, conformed(self.name, table, self.schema))
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         store = open_store(self.url, ctx.settings)

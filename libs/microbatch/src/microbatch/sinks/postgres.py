@@ -52,6 +52,7 @@ from microbatch.sinks.base import (
     Sink,
     StageContext,
     Staged,
+    conformed,
     rows_to_table,
 )
 from microbatch.sinks.parquet import encode_parquet
@@ -161,6 +162,9 @@ class PostgresSink(Sink):
 
     def stage(self, ctx: StageContext, rows: Sequence[Any]) -> Staged | None:
         return self.stage_table(ctx, rows_to_table(self.name, rows, self.schema))
+
+    def stage_columns(self, ctx: StageContext, table: pa.Table) -> Staged | None:
+        return self.stage_table(ctx, conformed(self.name, table, self.schema))
 
     def stage_table(self, ctx: StageContext, table: pa.Table) -> Staged | None:
         if table.num_rows == 0:
