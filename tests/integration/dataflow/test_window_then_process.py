@@ -61,11 +61,20 @@ def test_window_rows_flow_into_a_keyed_step_with_timers(
         max_parallelism=8,
         parallelism=2,
     )
-    (
+    per_card = (
         flow.source(KafkaSource(topics=(topic,), max_records_per_batch=40, value_schema=schema))
         .key_by("card")
-        .window(windows.tumbling("10s").sum("amount").final(), uid="per-card")
-        .key_by("window_start")
+        .window(
+            windows.tumbling("10s").sum("amount").collect("amount")
+            .aggregate("distinct", "amount", init=list, add=lambda a, v: sorted({*a, v}),
+                       merge=lambda a, b: sorted({*a, *b}), result=len, pre_aggregate=True)
+            .final(),
+            uid="per-card",
+        )  # custom and collect partials cross the exchange too
+    )  # fmt: skip
+    per_card.to(ParquetSink("per-card", f"{tmp_path}/per-card"))
+    (
+        per_card.key_by("window_start")
         .process(BusiestWindow(), uid="busiest")
         .to(ParquetSink("busiest", f"{tmp_path}/busiest"))
     )
@@ -77,9 +86,11 @@ def test_window_rows_flow_into_a_keyed_step_with_timers(
     ]
     watermark = results[-1].watermark
     sums: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    amounts: dict[tuple[str, int], list[int]] = defaultdict(list)  # in event-time order
     for v in values:
         p = json.loads(v)
         sums[p["ts"] // 10_000 * 10_000][p["card"]] += p["amount"]
+        amounts[p["card"], p["ts"] // 10_000 * 10_000].append(p["amount"])
     want = []
     for start, cards in sorted(sums.items()):
         if start + 10_000 <= watermark:  # the window closed, and its timer downstream fired
@@ -91,3 +102,8 @@ def test_window_rows_flow_into_a_keyed_step_with_timers(
     assert [(r["window_start"], r["sum_amount"]) for r in got] == [
         (r["window_start"], r["sum_amount"]) for r in want
     ]
+    windows_out = read_parquet_sink(str(tmp_path / "per-card")).to_pylist()
+    assert len(windows_out) >= 25
+    for r in windows_out:
+        mine = amounts[r["key"], r["window_start"]]
+        assert (r["collect_amount"], r["distinct"]) == (mine, len(set(mine))), r

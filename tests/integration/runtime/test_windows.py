@@ -54,7 +54,20 @@ def test_tumbling_windows_equal_plain_python_across_batches_and_a_rescale(
         name="windows",
         source=KafkaSource(topics=(topic,), value_schema=SCHEMA if declared else None),
         key_by="user",
-        process=windows.tumbling("1m").count().sum("amount").final(),
+        process=windows.tumbling("1m")
+        .count()
+        .sum("amount")
+        .collect("amount")
+        .aggregate(
+            "distinct",
+            "amount",
+            init=list,
+            add=lambda a, v: sorted({*a, v}),
+            merge=lambda a, b: sorted({*a, *b}),
+            result=len,
+            pre_aggregate=True,
+        )
+        .final(),  # collect and a custom aggregate: pre-aggregated too when declared
         event_time=EventTime("ts", idle_timeout_s=None),
         sinks=[ParquetSink("out", str(tmp_path / "out"))],
         dead_letters=DeadLetterSink(path=str(tmp_path / "dead"), max_ratio=1.0),
@@ -68,13 +81,13 @@ def test_tumbling_windows_equal_plain_python_across_batches_and_a_rescale(
     for n, values in enumerate([*batches, flush]):
         placed = produce(bootstrap, topic, values)
         highest: dict[int, int] = {}
-        for (partition, _), v in zip(placed, values, strict=True):
+        for (partition, offset), v in zip(placed, values, strict=True):
             e = json.loads(v)
             start = e["ts"] - e["ts"] % MIN
             if watermark is not None and start + MIN <= watermark:  # its window had closed
                 late.append(e)
             else:
-                windows_of[e["user"], start].append(e["amount"])
+                windows_of[e["user"], start].append((e["ts"], partition, offset, e["amount"]))
             highest[partition] = max(highest.get(partition, e["ts"]), e["ts"])
         BatchRunner(spark, pipeline, kafka_settings).run(
             BatchOptions(run_id=f"r{n}", parallelism=2 + n % 2)  # 2, 3, 2
@@ -83,12 +96,17 @@ def test_tumbling_windows_equal_plain_python_across_batches_and_a_rescale(
         watermark = max(watermark or 0, min(highest.values()))
 
     out = read_parquet_sink(str(tmp_path / "out")).to_pylist()
-    got = sorted((r["key"], r["window_start"], r["count"], r["sum_amount"]) for r in out)
-    expected = sorted(
-        (user, start, len(amounts), sum(amounts))
-        for (user, start), amounts in windows_of.items()
-        if start + MIN <= watermark
-    )
+    got = sorted(
+        (r["key"], r["window_start"], r["count"], r["sum_amount"], r["collect_amount"],
+         r["distinct"])
+        for r in out
+    )  # fmt: skip
+    expected = []
+    for (user, start), records in windows_of.items():
+        amounts = [r[-1] for r in sorted(records)]  # event time, then source order
+        if start + MIN <= watermark:
+            expected.append((user, start, len(amounts), sum(amounts), amounts, len(set(amounts))))
+    expected.sort()
     assert late, "the test has late events"
     assert got == expected
     dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()

@@ -10,7 +10,21 @@ import random
 import pyarrow as pa
 import pytest
 
-from microbatch.windows import Count, First, Hopping, Last, Max, Mean, Min, Session, Sum, Tumbling
+from microbatch.state.codec import CodecError, decode_value
+from microbatch.windows import (
+    Collect,
+    Count,
+    Custom,
+    First,
+    Hopping,
+    Last,
+    Max,
+    Mean,
+    Min,
+    Session,
+    Sum,
+    Tumbling,
+)
 from microbatch.windows.aggregate import (
     KEY,
     ORDER,
@@ -21,8 +35,10 @@ from microbatch.windows.aggregate import (
     partial_table,
     partial_values,
     partials,
+    pre_aggregable,
 )
 from microbatch.windows.operator import WindowOperator
+from microbatch.windows.python_merge import encode_accumulators, merge_rows
 
 MIN = 60_000
 MERGEABLE = (
@@ -34,6 +50,41 @@ MERGEABLE = (
     First("first", "v"),
     Last("last", "v"),
 )
+
+
+def _top3(acc: list, v: int | None) -> list:
+    return acc if v is None else sorted({*acc, v}, reverse=True)[:3]
+
+
+#: Lawful custom aggregates (their results do not depend on how records are split), with
+#: accumulators of several codec types, and ``collect``, next to column-wise ones.
+PYTHON_MERGED = (
+    Count("n"),
+    Last("last", "v"),
+    Collect("all", "v"),
+    Custom(
+        "squares", "v", init=lambda: 0, add=lambda a, v: a + (v or 0) ** 2,
+        combine=lambda a, b: a + b, finish=lambda a: a, pre_aggregate=True,
+    ),
+    Custom(
+        "top3", "v", init=list, add=_top3, combine=lambda a, b: sorted({*a, *b})[::-1][:3],
+        finish=tuple, pre_aggregate=True,
+    ),
+    Custom(
+        "stats", "v", init=lambda: {"nulls": 0, "odd": False},
+        add=lambda a, v: {"nulls": a["nulls"] + (v is None), "odd": a["odd"] or (v or 0) % 2 == 1},
+        combine=lambda a, b: {"nulls": a["nulls"] + b["nulls"], "odd": a["odd"] or b["odd"]},
+        finish=lambda a: f"{a['nulls']}/{a['odd']}", pre_aggregate=True,
+    ),
+)  # fmt: skip
+#: Associative and agreeing with ``add``, but not commutative: the value of the earliest
+#: record — right only if stage 1 folds in event-time order and stage 2 combines the
+#: tasks' accumulators in the order of their earliest records (not for sessions: a
+#: fragment may join an open session that began later, see ``Custom``).
+FIRST_SEEN = Custom(
+    "first_seen", "v", init=list, add=lambda a, v: a or [v], combine=lambda a, b: a or b,
+    finish=lambda a: a[0], pre_aggregate=True,
+)  # fmt: skip
 
 
 def events(n: int, seed: int, start: int = 0) -> list[dict]:
@@ -59,11 +110,37 @@ def parts_of(rows: list[dict], n: int, seed: int) -> list[pa.Table]:
 
 def test_only_aggregates_without_python_partials_merge_column_wise() -> None:
     assert mergeable(MERGEABLE)
-    from microbatch.windows import Collect, Custom
-
     assert not mergeable([Count("n"), Collect("all", "v")])
     custom = Custom("c", "v", init=int, add=lambda a, v: a, combine=max, finish=int)
     assert not mergeable([custom])
+    assert pre_aggregable([*MERGEABLE, *PYTHON_MERGED])
+    ordered = Custom("c", "v", init=str, add=str.__add__, combine=str.__add__, finish=str)
+    assert not pre_aggregable([Count("n"), ordered])  # not opted in: every record shuffled
+
+
+def test_custom_partials_cross_as_encoded_accumulators_and_merge_like_the_column_wise() -> None:
+    rows = [r | {START: r[TS] - r[TS] % MIN} for r in events(300, seed=4)]
+    pieces_of_rows = parts_of(rows, 3, seed=5)
+    pieces = [
+        encode_accumulators(partial_table(p, PYTHON_MERGED), PYTHON_MERGED) for p in pieces_of_rows
+    ]
+    shipped = pieces[0]
+    assert "v_list" in shipped.column_names  # collect's values travel as they are
+    assert {"__acc_squares", "__acc_top3", "__acc_stats"} <= set(shipped.column_names)
+    assert decode_value(shipped.column("__acc_stats")[0].as_py())["nulls"] >= 0
+    merged = merge_rows(pa.concat_tables(pieces[::-1]), PYTHON_MERGED)
+    assert merged == partials(pa.Table.from_pylist(rows), PYTHON_MERGED)
+
+    unencodable = Custom(
+        "s", "v", init=set, add=lambda a, v: a | {v}, combine=set.union, finish=len
+    )
+    with pytest.raises(CodecError, match="aggregate 's': its accumulator must be plain data"):
+        encode_accumulators(partial_table(pieces_of_rows[0], [unencodable]), [unencodable])
+
+    # the Python merge of column-wise aggregates is the group-by's
+    plain = [partial_table(p, MERGEABLE) for p in parts_of(rows, 3, seed=5)]
+    by_columns = partial_values(merge_table(pa.concat_tables(plain), MERGEABLE), MERGEABLE)
+    assert merge_rows(pa.concat_tables(plain), MERGEABLE) == by_columns
 
 
 @pytest.mark.parametrize("n_parts", [1, 2, 5])
@@ -108,7 +185,7 @@ def batches_through(
         else:
             pieces = []
             for part in parts_of(batch, n_parts, seed=k):
-                partial, late_rows = op.pre_aggregate(part, before)
+                partial, late_rows = op.pre_aggregate(part, before, encode=True)
                 late += [part.slice(i, 1).to_pylist()[0] for i in late_rows]
                 pieces += [] if partial is None else [partial]
             merged = pa.concat_tables(pieces) if pieces else None
@@ -123,6 +200,14 @@ SPECS = {
     "hopping updates": WindowOperator(Hopping("3m", every="1m"), MERGEABLE, "updates"),
     "session final": WindowOperator(Session("4s"), MERGEABLE, "final"),
     "session updates": WindowOperator(Session("5s"), MERGEABLE, "updates", 5_000),
+    "custom tumbling final": WindowOperator(
+        Tumbling("1m"), (*PYTHON_MERGED, FIRST_SEEN), "final", 10_000
+    ),
+    "custom hopping updates": WindowOperator(
+        Hopping("3m", every="1m"), (*PYTHON_MERGED, FIRST_SEEN), "updates"
+    ),
+    "custom session final": WindowOperator(Session("4s"), PYTHON_MERGED, "final"),
+    "custom session updates": WindowOperator(Session("5s"), PYTHON_MERGED, "updates", 5_000),
 }
 
 

@@ -10,18 +10,22 @@ end (+ allowed lateness) so the batch that closes it loads that key. Late record
 dead letters (``late_window``) with their coordinates.
 
 **Local-global aggregation** (:func:`pre_aggregation`): for a pipeline with a declared
-value schema whose first keyed step is a window with mergeable aggregates, stage 1
+value schema whose first keyed step is a window whose aggregates merge, stage 1
 reduces its task's records to partials per (key, window) — per session fragment for
 sessions — with the operator's own group-by (:func:`stage_one_partials`), and decides
 lateness against the batch's starting watermark exactly as stage 2 would (late records
 become ``late_window`` dead letters there, with the same error). Only ``partial`` rows
 cross the exchange: the key once, the window start (and a session's end), the partial
-columns (:func:`exchange_schema`); no topic, offsets or record fields. Stage 2
-(:func:`run_partials`) merges the partials of every task with a second group-by, then
-into the open windows as before. Keyed steps chained after the window (a dataflow)
-read its emitted rows, keyed for them after it as without partials: only the first
-exchange changes. The ``stat`` rows are counted on the records, before they are reduced,
-so the watermark and the batch's counts are what they were.
+columns (:func:`exchange_schema`); no topic, offsets or record fields. A custom
+aggregate's partial is its accumulator, folded in stage 1 and encoded with the state's
+codec; ``collect``'s is the records' values with their event times and source order.
+Stage 2 (:func:`run_partials`) merges the partials of every task in the order of their
+earliest records — with a second group-by when every aggregate merges column-wise, else
+in Python with each aggregate's ``merge`` — then into the open windows as before. Keyed
+steps chained after the window (a dataflow) read its emitted rows, keyed for them after
+it as without partials: only the first exchange changes. The ``stat`` rows are counted
+on the records, before they are reduced, so the watermark and the batch's counts are
+what they were.
 """
 
 from __future__ import annotations
@@ -46,8 +50,17 @@ from microbatch.runtime.envelope import (
 )
 from microbatch.runtime.pipeline import Pipeline, columnar_values
 from microbatch.state import KeyedStateBackend
-from microbatch.windows.aggregate import END, KEY, ORDER, START, TS, mergeable, partial_table
+from microbatch.windows.aggregate import (
+    END,
+    KEY,
+    ORDER,
+    START,
+    TS,
+    partial_table,
+    pre_aggregable,
+)
 from microbatch.windows.operator import BatchOutcome, OpenWindows, WindowOperator
+from microbatch.windows.python_merge import encode_accumulators
 from microbatch.windows.spec import Session
 
 #: Pre-aggregate windows in stage 1 where :func:`pre_aggregation` allows it.
@@ -73,15 +86,16 @@ def source_order(partition: int, offset: int) -> int:
 def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOperator | None:
     """The window operator whose partials stage 1 computes, or None: only for a pipeline
     whose records travel as columns (a declared schema, no enrichment or stateless
-    steps), whose first keyed step is a window whose aggregates merge column-wise (not
-    ``collect`` or a custom aggregate) and sums no floating-point column: a float sum
-    depends on the order of its terms, and the results must be the records path's to the
-    bit. Further keyed steps may follow as a chain (each reads the step before): they
-    get the window's emitted rows, keyed for them after the first exchange. Not a graph
-    (``edges``): there a source may feed a later step, its records riding through the
-    first exchange, which carries only partials. ``enabled``: None, as
-    :data:`PRE_AGGREGATE` says (read when called: the driver decides, the tasks
-    follow)."""
+    steps), whose first keyed step is a window whose aggregates merge
+    (:func:`~microbatch.windows.aggregate.pre_aggregable`: column-wise ones, ``collect``,
+    custom aggregates that opt in with ``pre_aggregate=True``) and sums no
+    floating-point column: a float sum depends on the order of its terms, and the results
+    must be the records path's to the bit. Further keyed steps may follow as a chain
+    (each reads the step before): they get the window's emitted rows, keyed for them
+    after the first exchange. Not a graph (``edges``): there a source may feed a later
+    step, its records riding through the first exchange, which carries only partials.
+    ``enabled``: None, as :data:`PRE_AGGREGATE` says (read when called: the driver
+    decides, the tasks follow)."""
     process = pipeline.process
     operator = getattr(process, "operator", None)
     if (
@@ -90,7 +104,7 @@ def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOp
         or not isinstance(operator, WindowOperator)
         or pipeline.edges
         or columnar_values(pipeline) is None
-        or not mergeable(operator.aggregates)
+        or not pre_aggregable(operator.aggregates)
     ):
         return None
     values = columnar_values(pipeline)
@@ -110,7 +124,9 @@ def _partial_columns(operator: WindowOperator, values: pa.Schema) -> pa.Schema:
          **{f.name: pa.array([], f.type) for f in values}}
     )  # fmt: skip
     carry = [(END, "max")] if isinstance(operator.spec, Session) else []
-    table = partial_table(empty, operator.aggregates, carry)
+    table = encode_accumulators(
+        partial_table(empty, operator.aggregates, carry), operator.aggregates
+    )
     named = {f"{END}_max": END}  # as WindowOperator.pre_aggregate names it
     return pa.schema(
         [f.with_name(named.get(f.name, f.name)) for f in table.schema if f.name != KEY]
@@ -173,7 +189,7 @@ def stage_one_partials(
         {KEY: records.column("key"), TS: records.column("event_ts"), ORDER: order,
          "__kg": records.column("key_group"), **{n: fields.column(n) for n in fields.column_names}}
     )  # fmt: skip
-    partial, late = operator.pre_aggregate(table, watermark, carry=[("__kg", "min")])
+    partial, late = operator.pre_aggregate(table, watermark, [("__kg", "min")], encode=True)
     n = 0 if partial is None else partial.num_rows
     names = {v: k for k, v in _partial_names(schema).items()}
     columns: dict[str, Any] = {f.name: pa.nulls(n, f.type) for f in schema}

@@ -3,7 +3,9 @@
 - :mod:`~microbatch.windows.spec`: tumbling, hopping and session specs;
 - :mod:`~microbatch.windows.assign`: which windows each record of a column falls in;
 - :mod:`~microbatch.windows.aggregate`: aggregates as Arrow group-by partials that merge
-  across batches.
+  across batches;
+- :mod:`~microbatch.windows.python_merge`: ``collect``'s and custom aggregates' partials
+  merged across stage 1's tasks.
 
 - :mod:`~microbatch.windows.operator`: one batch of open windows, emitted as they close;
 - :mod:`~microbatch.windows.api`: ``windows.tumbling("5m").count().sum("x").final()``, a

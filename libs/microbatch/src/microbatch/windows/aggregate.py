@@ -18,7 +18,8 @@ The group-by's output is itself a table of partials (:func:`partial_table`); whe
 aggregate's Arrow functions merge column-wise (:func:`mergeable`: count, sum, min, max,
 mean, first, last), tables of partials from several places — stage 1's tasks, before the
 exchange — merge into one row per (key, window) with another group-by
-(:func:`merge_table`), so only partials cross the shuffle.
+(:func:`merge_table`), so only partials cross the shuffle. ``collect`` and custom
+aggregates merge too, but not column-wise (:mod:`microbatch.windows.python_merge`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import ConfigError
+from microbatch.state.codec import decode_value
 
 #: Columns the window operator adds before aggregating (see :func:`partials`).
 KEY, START, TS, ORDER = "__key", "__window_start", "__ts", "__order"
@@ -40,6 +42,8 @@ END = "__window_end"
 #: them, so partials of one (key, window) merge in an order that does not depend on the
 #: order they arrive in (a float sum gives the same bits on every rerun).
 FIRST_TS, FIRST_ORDER = f"{TS}_first", f"{ORDER}_first"
+#: Prefix of a partial table's column holding a custom aggregate's encoded accumulator.
+ACC = "__acc"
 #: How each Arrow hash aggregate's output merges with another's of the same (key, window).
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "first": "first",
           "last": "last"}  # fmt: skip
@@ -189,23 +193,48 @@ class Collect(Aggregate):
 @dataclasses.dataclass(frozen=True)
 class Custom(Aggregate):
     """A user aggregate: ``init() -> acc``, ``add(acc, value) -> acc`` per record (in
-    event-time order), ``merge(older, newer) -> acc``, ``result(acc) -> value``. The
-    accumulator must be plain data (it is stored in keyed state)."""
+    event-time order, ties by source order), ``combine(older, newer) -> acc``,
+    ``finish(acc) -> value``. The accumulator must be plain data (it is stored in keyed
+    state and crosses the exchange, encoded by :mod:`microbatch.state.codec`).
+
+    The contract, as for Flink's ``AggregateFunction.merge``: ``combine`` agrees with
+    ``add`` — ``combine(fold(a), fold(b)) == fold(a + b)`` for any two runs of records ``a``
+    and ``b``, where ``fold`` is ``add`` from ``init()`` — and is associative; and, as
+    records may be split any way, commutative. A window's records reach it in batches:
+    each batch's are folded in one run, in event-time order, then combined with the state.
+    With ``pre_aggregate=True`` (opt-in) they also reach it in stage-1 tasks: each task's
+    records are folded before the exchange, and the tasks' accumulators combined in the
+    order of their earliest records, then with the state. Records of two tasks interleave
+    in event time, so only an aggregate that does not depend on the order of its records
+    (a count, an integer sum, a min, a set, a top-k with ties broken by value) gives the
+    same result for every split; one that does (values concatenated in order, a
+    floating-point sum to the bit) keeps the default, and every record is shuffled.
+    """
 
     init: Callable[[], Any] | None = None
     add: Callable[[Any, Any], Any] | None = None
     combine: Callable[[Any, Any], Any] | None = None
     finish: Callable[[Any], Any] | None = None
+    #: May stage 1 fold the records before the exchange (:func:`pre_aggregable`)? Only
+    #: for an order-insensitive aggregate (the contract above): opt-in.
+    pre_aggregate: bool = False
 
     def __post_init__(self) -> None:
         missing = [n for n in ("init", "add", "combine", "finish") if getattr(self, n) is None]
         if missing:
             raise ConfigError(f"custom window aggregate {self.name!r} needs {', '.join(missing)}")
 
+    @property
+    def encoded(self) -> str:
+        """The partial table's column of this aggregate's encoded accumulators."""
+        return f"{ACC}_{self.name}"
+
     def needs(self) -> list[tuple[str, str]]:
         return [(str(self.column), "list")]
 
     def partial(self, row: Mapping[str, Any]) -> Any:
+        if self.encoded in row:  # folded before the exchange
+            return decode_value(row[self.encoded])
         acc = self.init()  # type: ignore[misc]
         for value in row[self._col("list")]:
             acc = self.add(acc, value)  # type: ignore[misc]
@@ -239,6 +268,17 @@ def mergeable(aggregates: Sequence[Aggregate]) -> bool:
     """Do the aggregates' partials merge column-wise (:func:`merge_table`)? ``collect``
     and custom aggregates keep Python values per record or per partial: they do not."""
     return all(fn in _MERGE for a in aggregates for _, fn in a.needs())
+
+
+def pre_aggregable(aggregates: Sequence[Aggregate]) -> bool:
+    """May partials of parts of a batch's records (stage 1's tasks) be merged into what
+    one pass over all of them gives? Column-wise ones (:func:`mergeable`), ``collect``
+    (its partial keeps every record with its event time and source order) and custom
+    aggregates that opt in (their contract: :class:`Custom`)."""
+    return all(
+        mergeable([a]) or isinstance(a, Collect) or (isinstance(a, Custom) and a.pre_aggregate)
+        for a in aggregates
+    )
 
 
 def _needs(

@@ -93,9 +93,17 @@ class WindowBuilder:
         add: Callable[[Any, Any], Any],
         merge: Callable[[Any, Any], Any],
         result: Callable[[Any], Any],
+        pre_aggregate: bool = False,
     ) -> WindowBuilder:
-        """A user aggregate: ``add`` per record, ``merge`` across batches (older, newer)."""
-        return self._add(Custom(name, column, init=init, add=add, combine=merge, finish=result))
+        """A user aggregate: ``add`` per record (in event-time order), ``merge`` across
+        batches (older, newer). ``pre_aggregate=True`` lets stage 1 fold each task's
+        records before the exchange, for a ``merge`` that is associative, commutative and
+        agrees with ``add`` (see :class:`~microbatch.windows.aggregate.Custom`)."""
+        custom = Custom(
+            name, column, init=init, add=add, combine=merge, finish=result,
+            pre_aggregate=pre_aggregate,
+        )  # fmt: skip
+        return self._add(custom)
 
     def final(self, allowed_lateness: Duration | None = None) -> WindowedAggregation:
         """Emit each window once, when the watermark passes its end (+ lateness)."""
