@@ -8,8 +8,10 @@ epoch ms), with the watermark rule of Spark's ``withWatermark`` (``global_max``,
 the watermark — a window, an auction's close — is emitted once the watermark passes it:
 
 - q0 passthrough; q1 price in euros (``price * 0.908``); q2 bids of auctions
-  ``auction % 123 == 0`` (a filter in stage 1). No event time; a dataflow needs a keyed
-  step, so each is one keyed step without state (:class:`Each`, keyed by auction).
+  ``auction % 123 == 0``. No event time, no keyed step: with declared schemas
+  (``Reading.schema``) each is source → ``where``/``select`` on the Arrow columns → sink
+  (a dataflow without keyed steps); decoded per record, one keyed step without state
+  (:class:`Each`, keyed by auction) after a record-wise filter.
 - q3 local item suggestion: auctions of category 10 ⋈ their sellers in OR, ID or CA — a
   :class:`~microbatch.joins.TableJoin` (the sellers are the table: the generator only
   gives an auction a seller whose person event came before it).
@@ -34,6 +36,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch import windows
 from microbatch.dataflow import Dataflow
@@ -126,21 +131,36 @@ def in_euros(bid: dict[str, Any]) -> dict[str, Any]:
 def q0(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root, timed=False)
     bids = flow.source(source(topics.bid, "bid", reading))
-    bids.key_by("auction").process(Each(passthrough), uid="q0").to(out(root))
+    if reading.schema:  # the columns straight to the sink
+        bids.to(out(root))
+    else:
+        bids.key_by("auction").process(Each(passthrough), uid="q0").to(out(root))
     return flow.build()
+
+
+#: Spark's ``price * 0.908``: the long price as a double, times a double.
+EURO_RATE = pc.scalar(pa.scalar(0.908, pa.float64()))
 
 
 def q1(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root, timed=False)
     bids = flow.source(source(topics.bid, "bid", reading))
-    bids.key_by("auction").process(Each(in_euros), uid="q1").to(out(root))
+    if reading.schema:
+        euros = pc.field("price") * EURO_RATE
+        bids.select("auction", "bidder", "date_time", "extra", price=euros).to(out(root))
+    else:
+        bids.key_by("auction").process(Each(in_euros), uid="q1").to(out(root))
     return flow.build()
 
 
 def q2(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root, timed=False)
-    bids = flow.source(source(topics.bid, "bid", reading)).filter(lambda b: b["auction"] % 123 == 0)
-    bids.key_by("auction").process(
+    bids = flow.source(source(topics.bid, "bid", reading))
+    if reading.schema:  # auction % 123 == 0; integer division: exact (Arrow has no modulo)
+        auction = pc.field("auction")
+        bids.where(auction - auction / 123 * 123 == 0).select("auction", "price").to(out(root))
+        return flow.build()
+    bids.filter(lambda b: b["auction"] % 123 == 0).key_by("auction").process(
         Each(lambda b: {"auction": b["auction"], "price": b["price"]}), uid="q2"
     ).to(out(root))
     return flow.build()
@@ -169,23 +189,29 @@ class Winning(KeyedProcessFunction):
     """Per auction (side 0: the auction, 1: its bids): the highest bid placed between its
     ``date_time`` and ``expires``, emitted as ``{category, final}`` once the watermark
     passes ``expires``. Bids that come before their auction wait until it does (or until
-    the watermark passes them: no auction that could take them is still to come)."""
+    the watermark passes them: no auction that could take them is still to come). State
+    keeps only what the result needs — ``[date_time, expires, category]`` of the auction,
+    ``[date_time, price]`` of a waiting bid — as every state value is encoded and decoded
+    field by field."""
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         auction, best, early = ctx.value("auction"), ctx.value("best"), ctx.list("early")
-        bids = [r.record for r in records if r.side == 1]
+        bids = [(r.record["date_time"], r.record["price"]) for r in records if r.side == 1]
+        a = None
         for side, record in records:
             if side == 0:
-                auction.set(record)
+                a = [record["date_time"], record["expires"], record["category"]]
+                auction.set(a)
                 ctx.register_timer(record["expires"])
-                bids += early.get()
+                bids += map(tuple, early.get())
                 early.clear()
-        if (a := auction.get()) is None:
-            early.add_all(bids)
-            for b in bids:
-                ctx.register_timer(b["date_time"])
+        if a is None and (a := auction.get()) is None:
+            early.add_all([list(b) for b in bids])
+            for t, _ in bids:
+                ctx.register_timer(t)
             return
-        valid = [b["price"] for b in bids if a["date_time"] <= b["date_time"] <= a["expires"]]
+        start, expires = a[0], a[1]
+        valid = [price for t, price in bids if start <= t <= expires]
         if valid:
             best.set(max(best.get(0), *valid))
 
@@ -193,9 +219,9 @@ class Winning(KeyedProcessFunction):
         auction, best = ctx.value("auction"), ctx.value("best")
         if (a := auction.get()) is None:
             ctx.list("early").clear()  # bids whose auction never came in time
-        elif timestamp_ms == a["expires"]:
+        elif timestamp_ms == a[1]:
             if (final := best.get()) is not None:
-                ctx.emit({"category": a["category"], "final": final})
+                ctx.emit({"category": a[2], "final": final})
             auction.clear()
             best.clear()
 

@@ -1,6 +1,8 @@
-"""Joins of two Kafka topics in one dataflow, on real Kafka and Spark. Interval joins:
-out of order, over several batches, through a crash and rescales 2→3→1, their output
-equals Spark's join of the same rows (inner and full outer), pair for pair. A table join
+"""Joins of two Kafka topics in one dataflow, on real Kafka and Spark. Interval joins and
+a window join: out of order, over several batches, through a crash and rescales 2→3→1,
+their output equals Spark's join of the same rows (inner and full outer; the same 20 s
+window), pair for pair — windows that close in their records' own batch and windows that
+wait in state across batches alike. A table join
 of a changelog topic with real tombstones (null values), read by each reader, equals a
 plain-Python KTable."""
 
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from microbatch.dataflow import Dataflow
-from microbatch.joins import IntervalJoin, TableJoin
+from microbatch.joins import IntervalJoin, TableJoin, WindowJoin
 from microbatch.runtime import BatchOptions, BatchRunner, DeadLetterSink, EventTime, KafkaSource
 from microbatch.sinks import ParquetSink, read_parquet_sink
 from tests.integration.runtime.test_batches import new_topic, produce
@@ -57,12 +59,18 @@ def pairs(rows: list[dict[str, Any]]) -> Counter[tuple[Any, Any]]:
     return Counter((r.get("oid"), r.get("pid")) for r in rows if r.get("card") != "flush")
 
 
-def spark_pairs(spark, orders, payments, how: str) -> Counter[tuple[Any, Any]]:
+INTERVAL = "p.ts BETWEEN o.ts - 2000 AND o.ts + 2000"
+SAME_WINDOW = "floor(o.ts / 20000) = floor(p.ts / 20000)"  # tumbling 20 s, epoch-aligned
+
+
+def spark_pairs(
+    spark, orders, payments, how: str, when: str = INTERVAL
+) -> Counter[tuple[Any, Any]]:
     o = spark.createDataFrame([(r["oid"], r["card"], r["ts"]) for r in orders], "oid long, "
                               "card string, ts long").alias("o")  # fmt: skip
     p = spark.createDataFrame([(r["pid"], r["card"], r["ts"]) for r in payments], "pid long, "
                               "card string, ts long").alias("p")  # fmt: skip
-    on = "o.card = p.card AND p.ts BETWEEN o.ts - 2000 AND o.ts + 2000"
+    on = f"o.card = p.card AND {when}"
     from pyspark.sql import functions as F
 
     joined = o.join(p, F.expr(on), how).select(
@@ -71,7 +79,7 @@ def spark_pairs(spark, orders, payments, how: str) -> Counter[tuple[Any, Any]]:
     return pairs([r.asDict() for r in joined.collect()])
 
 
-def test_interval_joins_equal_sparks_through_a_crash_and_rescales(
+def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
     spark, kafka_settings, bootstrap, admin, tmp_path
 ) -> None:
     orders, payments = events()
@@ -96,6 +104,8 @@ def test_interval_joins_equal_sparks_through_a_crash_and_rescales(
     for how in ("inner", "full"):
         join = IntervalJoin("ts", "ts", between=(-2_000, 2_000), how=how)
         o.join(p, join, uid=f"join-{how}").to(ParquetSink(how, f"{tmp_path}/{how}"))
+    windowed = WindowJoin("ts", "ts", "20s")
+    o.join(p, windowed, uid="join-window").to(ParquetSink("window", f"{tmp_path}/window"))
     pipeline = flow.build()
 
     runner = BatchRunner(spark, pipeline, kafka_settings)
@@ -106,11 +116,15 @@ def test_interval_joins_equal_sparks_through_a_crash_and_rescales(
     for i in (2, 3):  # the rest, then one more: the flush moved the watermark past all
         runner.run(BatchOptions(run_id=f"r{i}", parallelism=1))
 
-    got = {how: read_parquet_sink(str(tmp_path / how)).to_pylist() for how in ("inner", "full")}
+    sinks = ("inner", "full", "window")
+    got = {name: read_parquet_sink(str(tmp_path / name)).to_pylist() for name in sinks}
     inner = spark_pairs(spark, orders, payments, "inner")
     assert sum(inner.values()) > 50, "the data should join often"
     assert pairs(got["inner"]) == inner
     assert pairs(got["full"]) == spark_pairs(spark, orders, payments, "full")
+    same_window = spark_pairs(spark, orders, payments, "inner", SAME_WINDOW)
+    assert sum(same_window.values()) > 50, "the data should share windows often"
+    assert pairs(got["window"]) == same_window
     assert read_parquet_sink(str(tmp_path / "dead")).num_rows == 0
     row = next(r for r in got["inner"] if r["card"] != "flush")
     assert set(row) >= {"oid", "pid", "card", "ts", "ts_right"}

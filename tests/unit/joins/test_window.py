@@ -4,12 +4,14 @@ late records, for tumbling and hopping windows; pairs come when the window close
 from __future__ import annotations
 
 import collections
+import copy
+import pickle
 
 import pytest
 
 from microbatch import windows
 from microbatch.errors import ConfigError
-from microbatch.joins import WindowJoin
+from microbatch.joins import WindowJoin, closing
 from microbatch.testing import ProcessHarness, sided
 from microbatch.windows import Hopping, Session, Tumbling
 from tests.unit.joins.streams import (
@@ -18,6 +20,7 @@ from tests.unit.joins.streams import (
     dead,
     events,
     lagging_watermarks,
+    pair_ids,
     run,
     safe_watermarks,
     split,
@@ -164,3 +167,67 @@ def test_bad_definitions_are_refused_when_built(kwargs, message):
     with pytest.raises(ConfigError) as e:
         WindowJoin(**args)
     assert message in str(e.value)
+
+
+# Windows that close in the batch their records came in wait in memory, not in state -----
+
+
+def pairs_of(emitted):
+    return [(o["id"], o["id_right"], o["window_start"]) for o in emitted]
+
+
+@pytest.mark.parametrize("most_held", [closing.MOST_HELD, 3, 0])
+def test_a_window_closing_in_its_own_batch_emits_as_if_its_records_had_waited_in_state(
+    most_held, monkeypatch
+):
+    monkeypatch.setattr(closing, "MOST_HELD", most_held)  # 3, 0: the rest go through state
+    spec = Hopping(300, 100)
+    first = sided([rec("a", 150, "La0"), rec("b", 120, "Lb0")], [rec("a", 160, "Ra0")])
+    second = sided(
+        [rec("a", 250, "La1"), rec("b", 140, "Lb1"), rec("c", 30, "Lc1")],
+        [rec("a", 180, "Ra1"), rec("b", 299, "Rb1"), rec("c", 90, "Rc1")],
+    )
+    waited = ProcessHarness(WindowJoin("ts", "ts", spec), max_parallelism=8, parallelism=2)
+    waited.batch(first, watermark=0)
+    waited.batch(second, watermark=0)  # every window still open: all in state
+    in_state = waited.batch([], watermark=FLUSH).emitted
+    held = ProcessHarness(WindowJoin("ts", "ts", spec), max_parallelism=8, parallelism=2)
+    held.batch(first, watermark=0)
+    in_memory = held.batch(second, watermark=FLUSH).emitted  # close in the same batch
+    assert pairs_of(in_memory) == pairs_of(in_state)  # the same pairs in the same order
+    assert ("La0", "Ra1", 0) in pairs_of(in_memory)  # a window's records from both batches
+    assert held.keys_with_state() == waited.keys_with_state() == []
+
+
+def test_records_held_by_a_failed_batch_never_reach_a_later_one():
+    failed: list[str] = []
+
+    def select(left, right):
+        if left["id"] == "boom" and not failed:
+            failed.append(left["id"])
+            raise RuntimeError("select failed once")
+        return (left["id"], right["id"])
+
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=select))
+    start = harness.checkpoint()
+    with pytest.raises(RuntimeError, match="select failed once"):
+        # a's window [0, 100) fires first and fails; b's [100, 200) was held for its timer
+        harness.batch(
+            sided([rec("a", 10, "boom"), rec("b", 110, "L-gone")],
+                  [rec("a", 20, "R"), rec("b", 120, "R-gone")]),
+            watermark=300,
+        )  # fmt: skip
+    harness.restore(start)
+    harness.batch(sided([rec("b", 130, "L")], [rec("b", 140, "R")]), watermark=150)
+    assert harness.batch([], watermark=300).emitted == (("L", "R"),)
+
+
+def test_a_join_that_ran_still_pickles_and_copies():
+    join = WindowJoin("ts", "ts", 100, select=pair_ids)
+    harness = ProcessHarness(join)
+    harness.batch(sided([rec("k", 10, "L")], [rec("k", 20, "R")]), watermark=100)
+    for twin in (pickle.loads(pickle.dumps(join)), copy.deepcopy(join)):
+        again = ProcessHarness(twin).batch(
+            sided([rec("k", 10, "L")], [rec("k", 20, "R")]), watermark=100
+        )
+        assert again.emitted == (("L", "R"),)

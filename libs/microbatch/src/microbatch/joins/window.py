@@ -12,6 +12,11 @@ window. An inner join: a window with records on one side only emits nothing.
 Output: ``select(left, right)`` (default :func:`~microbatch.joins.select.merge`); when it
 is a dict, ``window_start`` and ``window_end`` (epoch ms) are set on it.
 
+A window that ends at or before the batch's own watermark closes in that batch: its
+records go from ``process`` to the timer in memory (:mod:`~microbatch.joins.closing`), not
+through state — same pairs, same order, a state encode and decode per record less. So
+``select`` may get one record object in several calls: it must not change its arguments.
+
 **Late records.** A record is assigned only to its windows that were still open when its
 batch started (``end > watermark``); a record whose every window had closed is a dead
 letter ``late_join``. With no record behind the watermark, the output does not depend on
@@ -27,6 +32,7 @@ from typing import Any
 from microbatch.errors import ConfigError
 from microbatch.joins.base import LATE, SIDES, JoinFunction
 from microbatch.joins.base import watermark_before as _watermark_before
+from microbatch.joins.closing import ClosingWindows
 from microbatch.joins.select import Select, check_select
 from microbatch.joins.times import EventTimeOf, TimeSpec
 from microbatch.runtime.process import ProcessContext
@@ -75,6 +81,7 @@ class WindowJoin(JoinFunction):
         self.right_time = EventTimeOf(op, "right_time", right_time)
         self.window = _spec(op, window)
         self.select = check_select(op, select)
+        self._closing = ClosingWindows()
 
     def __repr__(self) -> str:
         return f"WindowJoin({self.window})"
@@ -82,6 +89,13 @@ class WindowJoin(JoinFunction):
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         before = _watermark_before(self.name, ctx)
         size = self.window.size_ms
+        # Windows that end by the batch's watermark close in this same batch, after every
+        # process call: their records go straight to the timer (:mod:`.closing`).
+        held = self._closing.of_batch(ctx) if ctx.watermark is not None else None
+        closes_by = ctx.watermark if held is not None else None
+        closing: dict[tuple[Any, ...], list[Any]] = {}
+        taken = 0  # records in ``closing``
+        key_bytes = ctx.key_state.key_bytes
         for side, recs in enumerate(self.split(records)):
             time_of = self.left_time if side == 0 else self.right_time
             added: dict[int, list[Any]] = {}
@@ -100,8 +114,20 @@ class WindowJoin(JoinFunction):
                     added.setdefault(s, []).append(record)
             state = ctx.map(SIDES[side])
             for s in sorted(added):
-                state.put(s, state.get(s, []) + added[s])
+                window = state.get(s, []) + added[s]
+                if (
+                    held is not None
+                    and closes_by is not None
+                    and s + size <= closes_by
+                    and held.room(taken + len(window))
+                ):
+                    closing[key_bytes, side, s] = window
+                    taken += len(window)
+                else:
+                    state.put(s, window)
                 ctx.register_timer(s + size)
+        if held is not None:  # last: a call that raised holds nothing
+            held.add(closing, taken)
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:
         """The window ending at ``timestamp_ms`` closed: emit its pairs, forget it."""
@@ -109,7 +135,12 @@ class WindowJoin(JoinFunction):
             return
         start = timestamp_ms - self.window.size_ms
         left, right = ctx.map(SIDES[0]), ctx.map(SIDES[1])
-        lefts, rights = left.get(start, []), right.get(start, [])
+        lefts = self._closing.pop(ctx, 0, start)
+        if lefts is None:
+            lefts = left.get(start, [])
+        rights = self._closing.pop(ctx, 1, start)
+        if rights is None:
+            rights = right.get(start, [])
         for lrec in lefts:
             for rrec in rights:
                 out = self.select(lrec, rrec)

@@ -53,6 +53,13 @@ class ProcessContext:
     def key(self) -> Any:
         return self._key_ctx.key
 
+    @property
+    def key_state(self) -> KeyContext:
+        """The key's state in this batch's operator instance: ``key_state.backend`` is the
+        same object for every call of one instance in one batch (and a new one on a rerun),
+        so an operator can keep data that lives exactly as long as the batch's state."""
+        return self._key_ctx
+
     def value(self, name: str, ttl: float | None = None) -> ValueState:
         return self._key_ctx.value(name, ttl)
 
