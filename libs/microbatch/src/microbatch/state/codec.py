@@ -2,7 +2,15 @@
 
 State outlives code: a checkpoint written today is restored by next month's release, maybe
 in another Python. Pickle ties bytes to class paths and can execute code on load, so state
-values are limited to plain data with a fixed encoding:
+values are limited to plain data with a fixed encoding. :func:`encode_value` writes the
+fast form when it can: tag ``P`` followed by one MessagePack value (the `msgpack` C
+extension; a published, language-neutral format, unlike ``marshal``). It is used only when
+the value is made of exactly ``None``, ``bool``, ``int`` within 64 bits, ``float``, ``str``,
+``bytes``/``bytearray``, ``list`` and ``dict`` — types MessagePack round-trips exactly.
+Anything else anywhere in the value (a tuple, a big int, a datetime, a dict subclass,
+nesting deeper than MessagePack unpacks) makes the whole value use the tagged form below, which
+:func:`encode_canonical` always writes and which every release has written, so older
+checkpoints keep decoding:
 
 ==========  =====  ==========================================================
 type        tag    payload
@@ -19,7 +27,13 @@ dict        ``d``  varint count + key, value pairs in insertion order
 datetime    ``D``  8-byte signed microseconds since the Unix epoch, UTC; timezone-aware
                    values only, decoded in UTC
 date        ``a``  4-byte signed proleptic ordinal
+(fast)      ``P``  one MessagePack value (see above; decoded with lists, str
+                   and bytes as written, map keys of any of these types)
 ==========  =====  ==========================================================
+
+The two forms of one value decode to equal values of the same types, but their bytes
+differ: bytes that are compared rather than decoded (map-state fields) must come from
+:func:`encode_canonical`.
 
 Anything else (sets, dataclasses, numpy scalars, naive datetimes) raises
 :class:`CodecError` naming the type. Convert such values to the types above first.
@@ -29,7 +43,10 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
+import threading
 from typing import Any
+
+import msgpack  # type: ignore[import-untyped]  # no py.typed: its names are Any
 
 from microbatch.errors import StateError
 
@@ -50,8 +67,70 @@ def _varint(n: int, out: bytearray) -> None:
     out.append(n)
 
 
+class _NotExact(Exception):
+    """Raised inside msgpack for a type it would not round-trip exactly (tuple, subclass,
+    big int, datetime, ...): the value then takes the tagged form."""
+
+
+def _refuse(value: Any) -> Any:
+    raise _NotExact
+
+
+_FAST_TAG = b"P"
+_FAST_TAG_BYTE = _FAST_TAG[0]
+# A Packer per thread: reusing one is twice as fast as msgpack.packb, but a Packer's
+# buffer must not be shared between threads.
+_packers = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    try:
+        return _packers.packer
+    except AttributeError:
+        # strict_types: tuples, subclasses and unknown types go to _refuse instead of
+        # being packed as their base type (a tuple would come back as a list).
+        _packers.packer = msgpack.Packer(use_bin_type=True, strict_types=True, default=_refuse)
+        return _packers.packer
+
+
 def encode_value(value: Any) -> bytes:
-    """Encode one supported value (see the module table)."""
+    """Encode one supported value (see the module table): the fast ``P`` form when the value
+    is exactly representable in it, else the tagged form. Not for bytes that are compared:
+    use :func:`encode_canonical` there."""
+    try:
+        packed: bytes = _packer().pack(value)
+    except (_NotExact, ValueError, TypeError, OverflowError):
+        # ValueError: nested too deeply or too long for MessagePack, or a lone surrogate in
+        # a str; the tagged form handles the first two and reports the third as before.
+        return encode_canonical(value)
+    if len(packed) >= _DEEP_NESTING and _may_be_too_deep(packed):
+        return encode_canonical(value)
+    return _FAST_TAG + packed
+
+
+# msgpack packs containers nested a little deeper than it unpacks (about 1024 levels): a
+# value that deep needs at least that many container headers (bytes 0x80-0x9f, 0xdc-0xdf).
+_DEEP_NESTING = 1000
+_NOT_CONTAINER_HEADERS = bytes(
+    b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF)
+)
+
+
+def _may_be_too_deep(packed: bytes) -> bool:
+    """Whether ``packed`` might not unpack (checked only for long values; header-like bytes
+    inside strings make it unpack to be sure)."""
+    if len(packed.translate(None, _NOT_CONTAINER_HEADERS)) < _DEEP_NESTING:
+        return False
+    try:
+        msgpack.unpackb(packed, raw=False, strict_map_key=False)
+    except msgpack.StackError:
+        return True
+    return False
+
+
+def encode_canonical(value: Any) -> bytes:
+    """The tagged encoding (the module table without ``P``): one byte string per value, the
+    same in every release, for bytes that are compared or hashed rather than decoded."""
     out = bytearray()
     _encode(value, out)
     return bytes(out)
@@ -108,7 +187,10 @@ def _encode(value: Any, out: bytearray) -> None:
 
 
 def decode_value(data: bytes) -> Any:
-    """Decode bytes written by :func:`encode_value`; corrupt input raises CodecError."""
+    """Decode bytes written by :func:`encode_value` or :func:`encode_canonical`; corrupt
+    input raises CodecError."""
+    if data and data[0] == _FAST_TAG_BYTE:
+        return _decode_fast(data)
     try:
         value, pos = _decode(memoryview(data), 0)
     except (
@@ -123,6 +205,21 @@ def decode_value(data: bytes) -> Any:
     if pos != len(data):
         raise CodecError(f"corrupt state value: {len(data) - pos} trailing bytes")
     return value
+
+
+def _decode_fast(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(
+            data[1:], raw=False, use_list=True, strict_map_key=False, ext_hook=_no_ext
+        )
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
+        # ExtraData (trailing bytes), OutOfData (truncated), FormatError, StackError, and
+        # TypeError for an unhashable (list or dict) map key in corrupt input.
+        raise CodecError(f"corrupt state value ({len(data)} bytes, tag P): {e!r}") from None
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"MessagePack extension type {code}: never written by this codec")
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:

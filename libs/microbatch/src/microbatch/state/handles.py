@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from microbatch.state.codec import decode_value, encode_value
+from microbatch.state.codec import decode_value, encode_canonical, encode_value
 from microbatch.state.spec import Kind, StateSpec
 from microbatch.state.timers import TimerQueue
 
@@ -130,7 +130,7 @@ class MapState(_Handle):
         return table.get(self._ctx.key_bytes, {}) if table else {}
 
     def get(self, field: Any, default: Any = None) -> Any:
-        entry = self._entries().get(encode_value(field))
+        entry = self._entries().get(encode_canonical(field))
         if entry is None or not self._alive(entry[1]):
             return default
         return decode_value(entry[0])
@@ -141,12 +141,12 @@ class MapState(_Handle):
     def put(self, field: Any, value: Any) -> None:
         expires = self._expiry()
         entries = self._table(create=True).setdefault(self._ctx.key_bytes, {})
-        entries[encode_value(field)] = (encode_value(value), expires)
+        entries[encode_canonical(field)] = (encode_value(value), expires)
         self._touch(expires)
 
     def remove(self, field: Any) -> None:
         entries = self._entries()
-        if entries.pop(encode_value(field), None) is not None:
+        if entries.pop(encode_canonical(field), None) is not None:
             if not entries:
                 self._table().pop(self._ctx.key_bytes, None)
             self._touch(None)
