@@ -85,7 +85,10 @@ def _flat(offsets: dict) -> dict[str, int]:
 def test_a_wrong_sasl_password_fails_the_batch_before_anything_is_committed(
     spark, sasl_settings, source_topic, tmp_path: Path
 ) -> None:
-    wrong = dataclasses.replace(sasl_settings, kafka_sasl_password="not-the-password")
+    # kafka-python retries a refused login until the planner's timeout: 5 s, not 30
+    wrong = dataclasses.replace(
+        sasl_settings, kafka_sasl_password="not-the-password", kafka_timeout_s=5.0
+    )
     pipe = count_pipeline(source_topic, str(tmp_path))
 
     with pytest.raises(SourceError, match="MICROBATCH_KAFKA_SECURITY_"):

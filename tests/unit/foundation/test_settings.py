@@ -39,6 +39,8 @@ def test_empty_endpoint_means_the_aws_default_endpoint():
         ("MICROBATCH_KAFKA_BOOTSTRAP_SERVERS", "broker-without-port", "expected host:port"),
         ("MICROBATCH_S3_ENDPOINT_URL", "ftp://x", r"http\(s\)://"),
         ("MICROBATCH_S3_BUCKET", "ab", r"3\+ characters"),
+        ("MICROBATCH_KAFKA_TIMEOUT_S", "0", "more than 0"),
+        ("MICROBATCH_KAFKA_TIMEOUT_S", "soon", "expected seconds"),
     ],
 )
 def test_invalid_value_is_rejected_with_the_variable_and_value(name, value, message):
@@ -109,3 +111,18 @@ def test_sasl_kafka_settings_become_kafka_python_client_settings():
 def test_incomplete_or_unknown_kafka_security_settings_are_refused(env, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         Settings.from_env(env=env)
+
+
+def test_the_planners_broker_timeout_comes_from_the_settings():
+    from microbatch.kafka.planner import KafkaBrokerView
+
+    class Seen(KafkaBrokerView):  # records what it would connect with, connects to nothing
+        def __init__(self, servers, timeout_s, client_config=None):
+            self.seen = (servers, timeout_s)
+
+    settings = Settings.from_env(env={"MICROBATCH_KAFKA_TIMEOUT_S": "2.5"})
+
+    assert settings.kafka_timeout_s == 2.5
+    assert Seen.for_settings(settings).seen == ("127.0.0.1:9092", 2.5)
+    assert Seen.for_settings(settings, timeout_s=7).seen[1] == 7
+    assert Settings.from_env(env={}).kafka_timeout_s == 30.0

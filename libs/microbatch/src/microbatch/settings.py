@@ -18,6 +18,9 @@ Variables (each maps to the field of the same name, lower-cased, without the pre
   (the password is never logged); empty
 - ``MICROBATCH_KAFKA_SSL_CAFILE``: PEM file of the CAs to trust (``SSL``/``SASL_SSL``);
   empty = the system's
+- ``MICROBATCH_KAFKA_TIMEOUT_S``: how long the driver waits for the brokers when it plans
+  a batch (metadata, offsets) before the batch fails; a wrong password or an unreachable
+  cluster fails after it; ``30``
 - ``MICROBATCH_S3_ENDPOINT_URL``: S3 API endpoint, empty for AWS; ``http://127.0.0.1:8333``
 - ``MICROBATCH_S3_ACCESS_KEY_ID`` / ``MICROBATCH_S3_SECRET_ACCESS_KEY``: S3 keys (the
   secret is never logged); empty = see *S3 credentials* below
@@ -121,6 +124,7 @@ class Settings:
     kafka_sasl_username: str = ""
     kafka_sasl_password: str = ""
     kafka_ssl_cafile: str = ""
+    kafka_timeout_s: float = 30.0
     s3_endpoint_url: str = "http://127.0.0.1:8333"
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
@@ -148,6 +152,16 @@ class Settings:
                     f"MICROBATCH_{name.upper()}={raw!r}: expected a whole number of MiB (0 or more)"
                 )
             object.__setattr__(self, name, mib)
+        try:
+            timeout = float(self.kafka_timeout_s)
+        except (TypeError, ValueError):
+            timeout = -1.0
+        if not 0 < timeout < float("inf"):
+            raise ConfigError(
+                f"MICROBATCH_KAFKA_TIMEOUT_S={self.kafka_timeout_s!r}: expected seconds, more "
+                "than 0 (e.g. 30)"
+            )
+        object.__setattr__(self, "kafka_timeout_s", timeout)
         level = str(self.spark_log_level).upper()
         if level not in SPARK_LOG_LEVELS:
             raise ConfigError(

@@ -30,7 +30,7 @@ from microbatch.checkpoint.writer import (
 from microbatch.errors import CheckpointError
 from microbatch.keygroups import KeyGroupRange, check_max_parallelism, key_group_of_bytes
 from microbatch.state.backend import ROW_COLUMNS, KeyedStateBackend, empty_rows
-from microbatch.state.codec import encode_value
+from microbatch.state.codec import encode_canonical
 from microbatch.storage import ObjectStore
 
 
@@ -57,7 +57,7 @@ def state_digest(backends: Iterable[KeyedStateBackend]) -> tuple[int, str]:
             for row in zip(*(rows[c] for c in ROW_COLUMNS), strict=True):
                 keys.add(row[2])
                 pos = ordinal[row[0], row[2]] = ordinal.get((row[0], row[2]), -1) + 1
-                digest = hashlib.blake2b(encode_value((*row, pos)), digest_size=16).digest()
+                digest = hashlib.blake2b(encode_canonical((*row, pos)), digest_size=16).digest()
                 total = (total + int.from_bytes(digest, "big")) % 2**128
     return len(keys), f"{total:032x}"
 

@@ -200,9 +200,11 @@ class KafkaBrokerView:
         self._topics: set[str] | None = None
 
     @classmethod
-    def for_settings(cls, settings: Settings, timeout_s: float = 30.0) -> KafkaBrokerView:
-        """A view of the brokers ``settings`` name, connected as they say."""
-        return cls(settings.kafka_bootstrap_servers, timeout_s, settings.kafka_client_config())
+    def for_settings(cls, settings: Settings, timeout_s: float | None = None) -> KafkaBrokerView:
+        """A view of the brokers ``settings`` name, connected as they say, waiting for them
+        ``timeout_s`` (default: ``settings.kafka_timeout_s``)."""
+        timeout = settings.kafka_timeout_s if timeout_s is None else timeout_s
+        return cls(settings.kafka_bootstrap_servers, timeout, settings.kafka_client_config())
 
     def __enter__(self) -> KafkaBrokerView:
         return self
