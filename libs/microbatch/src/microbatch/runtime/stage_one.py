@@ -371,9 +371,10 @@ class StageOne:
 
     def envelopes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if columnar_values(self.pipeline) is not None:
-            if sink_only(self.pipeline):
-                return tap_envelopes(self, batch)
-            return columnar_envelopes(self, batch)
+            with gc_paused():  # a window's Python partials (collect, custom) are built here
+                if sink_only(self.pipeline):
+                    return tap_envelopes(self, batch)
+                return columnar_envelopes(self, batch)
         out = EnvelopeBuilder()
         topics, parts, offs, rkeys, rvalues = _source_columns(batch)
         with gc_paused():

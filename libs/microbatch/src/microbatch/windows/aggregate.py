@@ -235,8 +235,12 @@ class Custom(Aggregate):
     def partial(self, row: Mapping[str, Any]) -> Any:
         if self.encoded in row:  # folded before the exchange
             return decode_value(row[self.encoded])
+        return self.fold(row[self._col("list")])
+
+    def fold(self, values: Sequence[Any]) -> Any:
+        """``add`` over ``values``, in order, from ``init()``."""
         acc = self.init()  # type: ignore[misc]
-        for value in row[self._col("list")]:
+        for value in values:
             acc = self.add(acc, value)  # type: ignore[misc]
         return acc
 

@@ -22,10 +22,8 @@ ordered by key then window start.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import gc
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -50,26 +48,6 @@ from microbatch.windows.python_merge import encode_accumulators, merge_rows
 from microbatch.windows.spec import Session, Tumbling, WindowSpec
 
 Mode = Literal["final", "updates"]
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _gc_paused(method: _F) -> _F:
-    """Python's cycle collector paused while a batch's partials become plain data: its
-    lists and dicts (one per window, one per record for ``collect``) hold no cycles, but
-    every few hundred new ones trigger a collection that walks the live ones — 2/3 of the
-    time of a million-record ``collect`` batch. Reference counting still frees them."""
-
-    @functools.wraps(method)
-    def paused(*args: Any, **kwargs: Any) -> Any:
-        if not gc.isenabled():
-            return method(*args, **kwargs)
-        gc.disable()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            gc.enable()
-
-    return paused  # type: ignore[return-value]
 
 
 #: key → {window start: [window end, partials]}
@@ -102,7 +80,6 @@ class WindowOperator:
         partial, late = self.pre_aggregate(table, watermark_before)
         return self.merge(partial, state, watermark_after, late, grouped=True)
 
-    @_gc_paused
     def pre_aggregate(
         self,
         table: pa.Table,
@@ -136,7 +113,6 @@ class WindowOperator:
             )
         return (encode_accumulators(partial, self.aggregates) if encode else partial), late
 
-    @_gc_paused
     def merge(
         self,
         partial: pa.Table | None,

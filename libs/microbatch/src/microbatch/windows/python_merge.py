@@ -97,14 +97,7 @@ def _custom_partials(table: pa.Table, aggregate: Custom) -> list[Any]:
     """Each row's accumulator: decoded when it crossed the exchange, else folded."""
     if aggregate.encoded in table.column_names:
         return [decode_value(b) for b in table.column(aggregate.encoded).to_pylist()]
-    init, add = aggregate.init, aggregate.add
-    out = []
-    for values in table.column(aggregate._col("list")).to_pylist():
-        acc = init()  # type: ignore[misc]
-        for value in values:
-            acc = add(acc, value)  # type: ignore[misc]
-        out.append(acc)
-    return out
+    return [aggregate.fold(values) for values in table.column(aggregate._col("list")).to_pylist()]
 
 
 def _merged_collect(table: pa.Table, aggregate: Collect) -> dict[tuple[Any, int], Any]:
