@@ -12,8 +12,8 @@ from microbatch.dataflow import Dataflow
 from microbatch.runtime import DeadLetterSink, EventTime, KafkaSource, KeyedProcessFunction
 from microbatch.runtime import ParquetSink as Parquet
 from microbatch.runtime.envelope import decode_payload, encode_payload
-from microbatch.runtime.handon import plain_payloads
 from microbatch.runtime.router import Router
+from microbatch.state.codec import CodecError, decode_value, encode_value, encode_values
 
 
 class Echo(KeyedProcessFunction):
@@ -55,20 +55,28 @@ PLAIN = [
 ]
 
 
-def test_plain_payloads_are_the_bytes_of_encode_payload() -> None:
-    flat = [r for r in PLAIN if "nested" not in r]
-    assert plain_payloads(flat) == [encode_payload(r) for r in flat]
-    assert [decode_payload(p)["merchant"] for p in plain_payloads(flat) or []] == [
-        "m1", 7, "m1", "m3",
+def test_a_run_is_encoded_to_the_bytes_of_encode_payload_each() -> None:
+    assert encode_values(PLAIN) == [encode_payload(r) for r in PLAIN]
+    assert [decode_payload(p)["merchant"] for p in encode_values(PLAIN)] == [
+        "m1", 7, "m1", "m2", "m3",
     ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "odd",
-    [{"v": [1]}, {"v": dt.date(2024, 1, 1)}, {"v": bytearray(b"x")}, {(1, 2): 1}, {"v": {"a"}}],
+    [{"v": (1, 2)}, {"v": dt.date(2024, 1, 1)}, {"v": bytearray(b"x")}, {(1, 2): 1}, {"v": 2**80}],
 )
-def test_plain_payloads_refuse_what_marshal_would_not_give_back_alike(odd: dict) -> None:
-    assert plain_payloads([{"ts": 1}, odd]) is None
+def test_a_run_with_a_value_of_the_tagged_form_still_decodes_alike(odd: dict) -> None:
+    run = [{"ts": 1}, odd, {"ts": 2}]
+    assert [decode_payload(p) for p in encode_values(run)] == [
+        decode_value(encode_value(r)) for r in run
+    ]
+    assert encode_values(run) == [encode_value(r) for r in run]
+
+
+def test_a_run_with_a_value_the_codec_refuses_raises_like_the_codec() -> None:
+    with pytest.raises(CodecError):
+        encode_values([{"ts": 1}, {"v": {"a"}}])
 
 
 def test_a_run_of_records_gives_the_rows_of_one_by_one() -> None:

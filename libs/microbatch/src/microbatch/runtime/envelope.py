@@ -23,7 +23,6 @@ carries no columns only they would fill (each one costs every row in the stage-2
 
 from __future__ import annotations
 
-import marshal
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple, cast
@@ -34,7 +33,7 @@ import pyarrow.compute as pc
 from microbatch.runtime.records import PartitionCounts, StageOneTotals
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import partition_name
-from microbatch.state.codec import CodecError, decode_value, encode_value
+from microbatch.state.codec import decode_value, encode_value
 
 ENVELOPE_SCHEMA = pa.schema(
     [
@@ -163,53 +162,15 @@ def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> StageO
     )
 
 
-#: Leading byte of a marshal-encoded envelope payload; state-codec payloads start with a
-#: letter (their type tag), never with this byte.
-_MARSHAL = b"\x00"
-_MARSHAL_VERSION = 2  # no back-references: equal sub-values decode as separate objects
-_PLAIN_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
-
-
-def _marshal_safe(value: Any) -> bool:
-    """True if ``value`` is built only of the *exact* types the state codec encodes as
-    themselves (None, bool, int, float, str, bytes, list, tuple, dict)."""
-    kind = type(value)
-    if kind is dict:
-        for k, v in value.items():
-            if type(k) not in _PLAIN_SCALARS and not _marshal_safe(k):
-                return False
-            if type(v) not in _PLAIN_SCALARS and not _marshal_safe(v):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        return all(type(v) in _PLAIN_SCALARS or _marshal_safe(v) for v in value)
-    return kind in _PLAIN_SCALARS
-
-
 def encode_payload(value: Any) -> bytes:
-    """An enriched record as envelope payload bytes, for stage 2 of the same batch.
-
-    Same values in, same values out as the state codec (``CodecError`` for anything it
-    refuses), at C speed for the common case: values made only of exact plain types are
-    written with ``marshal`` behind a zero byte; anything else (subclasses, datetimes)
-    with the state codec. The format lives within one batch (stage 1 → stage 2, the same
-    interpreter version): it is never stored in a checkpoint.
-    """
-    try:
-        if _marshal_safe(value):
-            return _MARSHAL + marshal.dumps(value, _MARSHAL_VERSION)
-    except (ValueError, RecursionError):  # e.g. nested too deeply for marshal
-        pass
+    """A record as envelope payload bytes, for a later stage of the same batch: its state
+    codec encoding (``CodecError`` for anything the codec refuses), so a record comes back
+    exactly as from state — at C speed for plain data (MessagePack behind its tag)."""
     return encode_value(value)
 
 
 def decode_payload(data: bytes) -> Any:
     """Inverse of :func:`encode_payload`."""
-    if data[:1] == _MARSHAL:
-        try:
-            return marshal.loads(data[1:])  # a copy: cheaper than a memoryview of ~100 B
-        except (EOFError, ValueError, TypeError) as e:
-            raise CodecError(f"corrupt envelope payload ({len(data)} bytes): {e}") from None
     return decode_value(data)
 
 

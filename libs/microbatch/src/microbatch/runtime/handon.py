@@ -2,31 +2,24 @@
 
 :class:`~microbatch.runtime.router.Router` hands records on one by one: key, placement,
 event time and :func:`~microbatch.runtime.envelope.encode_payload` per record, about 2 µs
-each in Python. When a call emits a run of flat dicts — keys and values of the exact
-plain types (None, bool, int, float, str, bytes), the usual case — the same work is a few
-``map`` s over the whole run in C: the same bytes, the same placement, the same event
-times (a nested value is encoded record by record, still in the run). Anything that may
-be a dead letter (a missing or odd key, an event time to convert, a value the codec
-refuses) returns None, and the router takes the record-by-record path, which
-dead-letters exactly as before and in the same order.
+each in Python. When a call emits a run of dicts with plain keys, the same work is a few
+``map`` s over the whole run in C: the same bytes (the codec packs the whole run at once,
+value by value only if one of them needs its tagged form), the same placement, the same
+event times. Anything that may be a dead letter (a missing or odd key, an event time to
+convert, a value the codec refuses) returns None, and the router takes the
+record-by-record path, which dead-letters exactly as before and in the same order.
 """
 
 from __future__ import annotations
 
-import marshal
 import operator
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Any, NamedTuple, cast
 
 from microbatch.errors import MicrobatchError
 from microbatch.keygroups import encode_key
-from microbatch.runtime.envelope import (
-    _MARSHAL,
-    _MARSHAL_VERSION,
-    _PLAIN_SCALARS,
-    encode_payload,
-)
+from microbatch.state.codec import encode_values
 
 Placed = tuple[bytes, int, int]  # (key bytes, key-group, instance) in the next step
 #: Key types whose placement is remembered per value: no two equal values of these
@@ -40,17 +33,6 @@ class HandedOn(NamedTuple):
     placed: list[Placed]
     event_ts: list[int | None]
     payloads: list[bytes]
-
-
-def plain_payloads(records: Sequence[dict[Any, Any]]) -> list[bytes] | None:
-    """``encode_payload(r)`` of each record, when every record is a dict of plain keys
-    and values (checked by type over the whole run at once); else None."""
-    values = set(map(type, chain.from_iterable(map(dict.values, records))))
-    if not values <= _PLAIN_SCALARS:
-        return None
-    if not set(map(type, chain.from_iterable(records))) <= _PLAIN_SCALARS:
-        return None
-    return list(map(_MARSHAL.__add__, map(marshal.dumps, records, repeat(_MARSHAL_VERSION))))
 
 
 def hand_on(
@@ -91,10 +73,8 @@ def hand_on(
         event_ts = list(map(dict.get, records, repeat(time_field)))
         if set(map(type, event_ts)) != {int}:  # missing, or to convert
             return None
-    payloads = plain_payloads(records)
-    if payloads is None:  # nested values: each record checked on its own
-        try:
-            payloads = list(map(encode_payload, records))
-        except MicrobatchError:  # a value the codec refuses: a dead letter
-            return None
+    try:
+        payloads = encode_values(records)  # what encode_payload gives, one map in C
+    except MicrobatchError:  # a value the codec refuses: a dead letter
+        return None
     return HandedOn(placed, event_ts, payloads)

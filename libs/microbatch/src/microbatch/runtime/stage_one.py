@@ -55,6 +55,7 @@ from microbatch.runtime.pipeline import (
 )
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 from microbatch.runtime.steps import (
+    Chain,
     Stateless,
     StepFailed,
     Tap,
@@ -377,6 +378,7 @@ class StageOne:
                 return columnar_envelopes(self, batch)
         out = EnvelopeBuilder()
         topics, parts, offs, rkeys, rvalues = _source_columns(batch)
+        filters = self._plain_filters
         with gc_paused():
             for topic, part, off, rkey, rvalue in zip(
                 topics, parts, offs, rkeys, rvalues, strict=True
@@ -386,7 +388,10 @@ class StageOne:
                         self.add_tombstone(out, topic, part, off, rkey)
                         continue
                     record = self.decode(rvalue, topic)
-                    if self.has_prefix:
+                    if filters is not None:
+                        if self.passes(filters, record, topic, part, off):
+                            self.add_record(out, topic, part, off, 0, record, raw=rvalue)
+                    elif self.has_prefix:
                         self.add_records(out, topic, part, off, record, raw=rvalue)
                     else:
                         self.add_record(out, topic, part, off, 0, record, raw=rvalue)
@@ -394,6 +399,32 @@ class StageOne:
                     out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
                              rkey, rvalue)  # fmt: skip
             return out.build(Counter(zip(topics, parts, strict=True)), self.parallelism)
+
+    @functools.cached_property
+    def _plain_filters(self) -> Chain | None:
+        """The prefix when it is only filters before the one keyed step of a single
+        source, nothing else in stage 1 (no sinks fed before it, no graph): each record
+        then either passes with its source bytes or leaves no row, so :meth:`passes`
+        decides it without :meth:`add_records`' per-record set-up. Else None."""
+        pipeline = self.pipeline
+        prefix = pipeline.prefix
+        if not prefix or not filters_only(prefix) or pipeline.inputs or pipeline.edges:
+            return None
+        if pipeline.source_taps or self._sinks_only:
+            return None
+        return tuple(prefix)
+
+    def passes(self, filters: Chain, record: Any, topic: str, part: int, off: int) -> bool:
+        """Does ``record`` pass every filter of ``filters``? What ``run_chain`` decides,
+        raising what :meth:`add_records` raises when a filter does."""
+        for step in filters:
+            try:
+                if not step.fn(record):
+                    return False
+            except Exception as e:  # user code: a dead letter or the batch's failure
+                failed = StepFailed(step.name, error_text(e))
+                raise self._step_failed(failed, topic, part, off) from e
+        return True
 
     def enriched(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
         """Decode a whole task's rows, enrich them until the deadline, key the results.

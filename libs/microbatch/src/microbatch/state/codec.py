@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # no py.typed: its names are Any
@@ -106,6 +107,19 @@ def encode_value(value: Any) -> bytes:
     if len(packed) >= _DEEP_NESTING and _may_be_too_deep(packed):
         return encode_canonical(value)
     return _FAST_TAG + packed
+
+
+def encode_values(values: Sequence[Any]) -> list[bytes]:
+    """``[encode_value(v) for v in values]``, at the speed of one ``map`` when every value
+    is exactly representable in the fast form (a run of flat records, the usual case);
+    else value by value. Raises ``CodecError`` for the first value it refuses."""
+    try:
+        packed = list(map(_packer().pack, values))
+    except (_NotExact, ValueError, TypeError, OverflowError):
+        return [encode_value(v) for v in values]
+    if packed and max(map(len, packed)) >= _DEEP_NESTING:
+        return [encode_value(v) for v in values]
+    return list(map(_FAST_TAG.__add__, packed))
 
 
 # msgpack packs containers nested a little deeper than it unpacks (about 1024 levels): a
