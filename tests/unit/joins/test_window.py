@@ -231,3 +231,29 @@ def test_a_join_that_ran_still_pickles_and_copies():
             sided([rec("k", 10, "L")], [rec("k", 20, "R")]), watermark=100
         )
         assert again.emitted == (("L", "R"),)
+
+
+# A window closing in its batch with records on one side only is dropped in process -----
+
+
+def test_a_window_that_closes_with_one_side_only_needs_no_timer_and_leaves_nothing():
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=pair_ids))
+    out = harness.batch(
+        sided([rec("alone", 10, "L"), rec("both", 20, "L1"), rec("both", 30, "L2")],
+              [rec("both", 40, "R"), rec("right-only", 50, "R-alone")]),
+        watermark=100,
+    )  # fmt: skip
+    assert out.emitted == (("L1", "R"), ("L2", "R"))
+    assert out.timers_fired == 1  # only the window with both sides waits for its timer
+    assert harness.keys_with_state() == []
+
+
+def test_a_one_sided_window_drops_its_earlier_records_and_timer_but_pairs_if_both_sides():
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=pair_ids))
+    harness.batch(sided([rec("k", 10, "L0"), rec("j", 10, "J0")], []), watermark=0)
+    assert harness.state("k") == {"left": {0: [{"id": "L0", "ts": 10}]}, "timers": [100]}
+    # k: more left records only, the window closes: dropped; j: a right record pairs it
+    out = harness.batch(sided([rec("k", 20, "L1")], [rec("j", 30, "R1")]), watermark=100)
+    assert out.emitted == (("J0", "R1"),)
+    assert out.timers_fired == 1
+    assert harness.keys_with_state() == []

@@ -11,6 +11,7 @@ from microbatch.checkpoint import Layout
 from microbatch.keygroups import encode_key, key_group_range
 from microbatch.state import KeyedStateBackend
 from microbatch.state.engine.blockcache import BlockCache, RunRef
+from microbatch.state.engine.bundle import state_key
 from microbatch.state.engine.instance import (
     Loaded,
     changed_entries,
@@ -113,6 +114,28 @@ def test_a_key_cleared_of_all_state_reads_as_absent(store) -> None:
     runs = run_batch(store, runs, 1, 1, ["user-3"], clear)
     assert "user-3" not in read_all(store, runs, users(10))
     assert len(read_all(store, runs, users(10))) == 9
+
+
+def test_a_key_without_state_before_or_after_gets_no_entry(store) -> None:
+    """A key a batch touched and left empty (set then cleared, a timer that came and
+    went) writes nothing, unless it had state, or was changed without being loaded."""
+    runs = run_batch(store, [], 1, 0, ["had"], Instance.count)
+    inst = Instance(store, runs, 1, 0)
+    load_keys(inst.cache, runs, inst.backend, [encode_key(u) for u in ("had", "new")], inst.loaded)
+    for u in ("had", "new"):
+        inst.backend.for_key(u).value("n").set(5)
+        inst.backend.for_key(u).value("n").clear()
+        inst.backend.for_key(u).register_timer(7)
+        inst.backend.for_key(u).delete_timer(7)
+    inst.backend.for_key("unloaded").value("n").set(1)
+    inst.backend.for_key("unloaded").value("n").clear()
+
+    entries = changed_entries(inst.backend, inst.loaded)
+
+    entry_of = {state_key(_kg(u), encode_key(u)): u for u in ("had", "new", "unloaded")}
+    assert sorted(entry_of[k] for k, _ in entries) == ["had", "unloaded"]  # no "new"
+    assert all(value is None for _, value in entries)  # deletions
+    assert inst.loaded.key_count_changes == {_kg("had"): -1}
 
 
 def test_due_timers_are_found_without_reading_every_key(store) -> None:

@@ -24,7 +24,7 @@ carries no columns only they would fill (each one costs every row in the stage-2
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from microbatch.runtime.records import PartitionCounts, StageOneTotals
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import partition_name
-from microbatch.state.codec import decode_value, encode_value
+from microbatch.state.codec import decode_value, encode_value, encode_values
 
 ENVELOPE_SCHEMA = pa.schema(
     [
@@ -172,6 +172,11 @@ def encode_payload(value: Any) -> bytes:
 def decode_payload(data: bytes) -> Any:
     """Inverse of :func:`encode_payload`."""
     return decode_value(data)
+
+
+def encode_payloads(values: Sequence[Any]) -> list[bytes]:
+    """:func:`encode_payload` of each value, a run of plain records packed in one go."""
+    return encode_values(values)
 
 
 def unkeyed_instance(part: int, off: int, parallelism: int) -> int:

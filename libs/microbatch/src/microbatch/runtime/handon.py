@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, cast
 
 from microbatch.errors import MicrobatchError
 from microbatch.keygroups import encode_key
-from microbatch.state.codec import encode_values
+from microbatch.runtime.envelope import encode_payloads
 
 Placed = tuple[bytes, int, int]  # (key bytes, key-group, instance) in the next step
 #: Key types whose placement is remembered per value: no two equal values of these
@@ -74,7 +74,7 @@ def hand_on(
         if set(map(type, event_ts)) != {int}:  # missing, or to convert
             return None
     try:
-        payloads = encode_values(records)  # what encode_payload gives, one map in C
+        payloads = encode_payloads(records)
     except MicrobatchError:  # a value the codec refuses: a dead letter
         return None
     return HandedOn(placed, event_ts, payloads)

@@ -131,13 +131,16 @@ def mark_all_changed(backend: KeyedStateBackend) -> None:
 
 
 def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
-    """The run entries for every key the batch changed, in sort-key order."""
+    """The run entries for every key the batch changed, in sort-key order. A key loaded
+    without state that has none now gets no entry (no deletion of nothing); a changed key
+    that was never loaded always gets one."""
     out: list[Entry] = []
     changes = loaded.key_count_changes
     for kg, kb in backend.dirty_keys:
         bundle = encode_bundle(backend.export_key(kg, kb))
-        out.append((state_key(kg, kb), bundle))
         had = (kg, kb) in loaded.found
+        if bundle is not None or had or (kg, kb) not in loaded.timers:
+            out.append((state_key(kg, kb), bundle))
         if had != (bundle is not None):
             changes[kg] = changes.get(kg, 0) + (-1 if had else 1)
         now = set(backend.timers.of_key(kg, kb))
