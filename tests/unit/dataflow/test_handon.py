@@ -12,6 +12,7 @@ from microbatch.dataflow import Dataflow
 from microbatch.runtime import DeadLetterSink, EventTime, KafkaSource, KeyedProcessFunction
 from microbatch.runtime import ParquetSink as Parquet
 from microbatch.runtime.envelope import decode_payload, encode_payload
+from microbatch.runtime.handon import hand_on
 from microbatch.runtime.router import Router
 from microbatch.state.codec import CodecError, decode_value, encode_value, encode_values
 
@@ -87,6 +88,17 @@ def test_a_run_of_records_gives_the_rows_of_one_by_one() -> None:
     assert [(x["partition"], x["offset"]) for x in rows] == [(3, i) for i in range(5)]
     assert [x["key"] for x in rows] == [b"sm1", b"i\x07", b"sm1", b"sm2", b"sm3"]
     assert fast[1]["alerts"] == [{"card": "c1"}]
+
+
+def test_window_rows_without_the_time_field_go_at_once_at_their_windows_last_ms() -> None:
+    rows = [{"merchant": m, "window_start": 0, "window_end": 60_000, "count": n}
+            for m, n in (("m1", 3), ("m2", 1), ("m1", 2), ("m3", 7))]  # fmt: skip
+    run = hand_on(rows, "merchant", "ts", False, {}, lambda kb: (kb, 0, 0), 10)
+    assert run is not None and run.event_ts == [59_999] * 4  # not the record-by-record path
+    records = [(None, r) for r in rows]
+    fast, slow = at_once(records, 2), one_by_one(records, 2)
+    assert fast == slow
+    assert [x["event_ts"] for x in fast[0]] == [59_999] * 4
 
 
 @pytest.mark.parametrize(

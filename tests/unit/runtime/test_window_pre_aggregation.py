@@ -202,6 +202,48 @@ def test_pre_aggregated_windows_equal_the_records_path_batch_by_batch(
     assert got_dead == want_dead
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_a_key_s_windows_close_batch_by_batch_without_records_of_it(
+    tmp_path: Path, on: bool
+) -> None:
+    """Key ``a`` has three windows open after batch 1 and no record after it: each
+    later batch that closes one must load ``a`` (its timer) and emit exactly that one."""
+    windowed.PRE_AGGREGATE = on
+    log = Log(partitions=1)
+    pipeline = Pipeline(
+        name="windows",
+        source=KafkaSource(topics=("clicks",), value_schema=SCHEMA),
+        key_by="user",
+        process=windows.hopping("3m", every="1m").count().final(),
+        event_time=EventTime("ts", idle_timeout_s=None),
+        sinks=[ParquetSink("out", str(tmp_path / "out"))],
+        checkpoints=str(tmp_path / "checkpoints"),
+        max_parallelism=8,
+        parallelism=2,
+    )
+    settings = dataclasses.replace(Settings.from_env(), spark_master="local[1]")
+    batches = [[("a", 10_000), ("a", 70_000), ("a", 130_000)], [("b", 185_000)],
+               [("b", 245_000)], [("b", 400_000)]]  # fmt: skip
+    seen: list[tuple[str, int, int]] = []
+    emitted = []
+    for events in batches:  # the watermark: the batch's latest event time
+        for user, ts in events:
+            event = {"user": user, "ts": ts, "amount": 1, "price": 0.5}
+            log.values[TopicPartition("clicks", 0)].append(json.dumps(event).encode())
+        BatchRunner(None, pipeline, settings, executor=PerPartition(log), broker=log).run()
+        rows = read_parquet_sink(str(tmp_path / "out")).to_pylist()
+        now = sorted((r["key"], r["window_start"], r["count"]) for r in rows)
+        emitted.append([r for r in now if r not in seen])
+        seen = now
+
+    assert emitted == [
+        [("a", -2 * MIN, 1), ("a", -MIN, 2)],  # 130 s closes the windows ending by then
+        [("a", 0, 3)],  # [0, 3m) ends at 180 s
+        [("a", MIN, 2), ("b", MIN, 1)],  # [1m, 4m)
+        [("a", 2 * MIN, 1), ("b", 2 * MIN, 2), ("b", 3 * MIN, 2)],
+    ]
+
+
 def test_windows_that_cannot_be_merged_exactly_are_not_pre_aggregated(tmp_path: Path) -> None:
     def made(process) -> Pipeline:
         return Pipeline(

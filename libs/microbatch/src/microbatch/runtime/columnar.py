@@ -73,6 +73,8 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     take = pa.array(rows[keep])
     kgs = key_groups[keep].astype(np.int32)
     instance_of = np.asarray(stage._instance_of, dtype=np.int32)
+    # pre-aggregating, the records' other fields go no further than this task
+    read = _window_fields(pipeline) if stage.pre_aggregate else None
     columns = [
         pa.repeat(RECORD, n),
         topic.take(take),
@@ -84,8 +86,9 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
         key_bytes.take(pa.array(keep)),
         pa.nulls(n, pa.int64()) if ts is None else pa.array(ts[keep], pa.int64()),
         pa.nulls(n, pa.binary()),
-        *(table.column(f.name).take(pa.array(keep)).combine_chunks() for f in values),
-    ]
+        *(table.column(f.name).take(pa.array(keep)).combine_chunks()
+          if read is None or f.name in read else pa.nulls(n, f.type) for f in values),
+    ]  # fmt: skip
     records = pa.RecordBatch.from_arrays(columns, schema=out.schema)
     add_dead_letters(out, dead, batch, stage.parallelism)
     built = out.build(
@@ -93,7 +96,12 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     )  # stats: of records
     if not stage.pre_aggregate:
         return built
-    return _pre_aggregated(stage, records, built.slice(records.num_rows), instance_of)
+
+    def late_fields(at: pa.Array) -> pa.Table:  # every field, for the dead letters
+        return table.select(values.names).take(pa.array(keep).take(at))
+
+    rest = built.slice(records.num_rows)
+    return _pre_aggregated(stage, records, rest, instance_of, late_fields)
 
 
 def decoded_values(
@@ -146,11 +154,21 @@ def column_steps(
     return out, cast(np.ndarray, kept)
 
 
+def _window_fields(pipeline: Pipeline) -> set[str]:
+    """The fields a pre-aggregated window reads."""
+    from microbatch.runtime.windowed import pre_aggregation
+
+    operator = pre_aggregation(pipeline, enabled=True)
+    return set() if operator is None else operator.fields_read()
+
+
 def _pre_aggregated(
-    stage: StageOne, records: pa.RecordBatch, rest: pa.RecordBatch, instance_of: np.ndarray
-) -> pa.RecordBatch:
+    stage: StageOne, records: pa.RecordBatch, rest: pa.RecordBatch, instance_of: np.ndarray,
+    late_fields: Callable[[pa.Array], pa.Table],
+) -> pa.RecordBatch:  # fmt: skip
     """The task's rows with its ``records`` reduced to window partials (``rest``: its dead
-    letters and ``stat`` rows, counted on the records), in the exchange's schema."""
+    letters and ``stat`` rows, counted on the records; ``late_fields``: every field of
+    the records at some rows), in the exchange's schema."""
     from microbatch.runtime.windowed import exchange_schema, pre_aggregation, stage_one_partials
 
     pipeline = stage.pipeline
@@ -161,7 +179,7 @@ def _pre_aggregated(
     fields = value_columns(pa.Table.from_batches([records]), columnar_values(pipeline))
     partials = stage_one_partials(
         operator, records, fields, stage.watermark, instance_of, stage.parallelism, schema,
-        pipeline.uid,
+        pipeline.uid, late_fields,
     )  # fmt: skip
     n = rest.num_rows
     conformed = pa.RecordBatch.from_arrays(

@@ -71,6 +71,12 @@ def hand_on(
         event_ts: list[int | None] = [None] * len(records)
     else:
         event_ts = list(map(dict.get, records, repeat(time_field)))
+        if None in event_ts:  # a window's output row: its window's last millisecond
+            ends = list(map(dict.get, records, repeat("window_end")))
+            event_ts = [
+                e - 1 if t is None and type(e) is int else t
+                for t, e in zip(event_ts, ends, strict=True)
+            ]
         if set(map(type, event_ts)) != {int}:  # missing, or to convert
             return None
     try:

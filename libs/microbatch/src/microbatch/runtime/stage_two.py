@@ -454,10 +454,22 @@ class StageTwo:
                 )
             )
         if getattr(process_fn, "columnar", False):
+            kg_of: dict[Any, int] = {}
+            by_group: dict[int, list[Any]] = {}
             for row in emitted:
                 key = row.get("key") if isinstance(row, dict) else None
-                kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
-                router.main(row, kg)
+                cached = type(key) is int or type(key) is str
+                kg = kg_of.get(key) if cached else None
+                if kg is None:
+                    kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
+                    if cached:
+                        kg_of[key] = kg
+                if router.single:
+                    router.main(row, kg)
+                else:
+                    by_group.setdefault(kg, []).append((None, row))
+            for kg, run in by_group.items():
+                router.emit(run, kg)
             runs = []  # no per-key calls (zip below stops at once)
         for (i, j), key_bytes, kg in zip(runs, keys, key_groups, strict=False):
             records = records_of(i, j)

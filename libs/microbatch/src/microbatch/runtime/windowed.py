@@ -1,13 +1,15 @@
 """Stage 2 for a windowed aggregation: the instance's records as columns through the
-window operator, open windows kept in keyed state, a timer per window end.
+window operator, open windows kept in keyed state, a timer per key.
 
 Instead of calling ``process`` per key, the instance builds one Arrow table of its
 records (key, event time, source order and the record's fields), finds the keys whose
 windows the batch's watermark closes (their timers fire), runs
 :class:`~microbatch.windows.operator.WindowOperator` over those keys' open windows, and
-writes them back: each key's open windows in one value state, a timer at each window's
-end (+ allowed lateness) so the batch that closes it loads that key. Late records become
-dead letters (``late_window``) with their coordinates.
+writes back the keys that held or hold open windows: each key's open windows in one
+value state, a timer at the end (+ allowed lateness) of the first of them to close, so the
+batch that closes it loads that key (and registers the next one). Windows that open and
+close within one batch never become state (the operator emits them column-wise). Late
+records become dead letters (``late_window``) with their coordinates.
 
 **Local-global aggregation** (:func:`pre_aggregation`): for a pipeline with a declared
 value schema whose first keyed step is a window whose aggregates merge, stage 1
@@ -116,7 +118,8 @@ def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOp
 
 def _partial_columns(operator: WindowOperator, values: pa.Schema) -> pa.Schema:
     """The partial table's columns but the key (their types: what the group-by gives for
-    the declared fields' types), from an empty table."""
+    the declared fields' types), from an empty table; with :data:`END` for sessions and
+    for hopping windows reduced per pane (what each row covers)."""
     empty = pa.table(
         {KEY: pa.array([], pa.binary()), TS: pa.array([], pa.int64()),
          ORDER: pa.array([], pa.int64()), START: pa.array([], pa.int64()),
@@ -128,9 +131,10 @@ def _partial_columns(operator: WindowOperator, values: pa.Schema) -> pa.Schema:
         partial_table(empty, operator.aggregates, carry), operator.aggregates
     )
     named = {f"{END}_max": END}  # as WindowOperator.pre_aggregate names it
-    return pa.schema(
-        [f.with_name(named.get(f.name, f.name)) for f in table.schema if f.name != KEY]
-    )
+    fields = [f.with_name(named.get(f.name, f.name)) for f in table.schema if f.name != KEY]
+    if operator.uses_panes(values):
+        fields.append(pa.field(END, pa.int64()))
+    return pa.schema(fields)
 
 
 def exchange_schema(pipeline: Pipeline, enabled: bool | None = None) -> pa.Schema:
@@ -175,12 +179,15 @@ def stage_one_partials(
     parallelism: int,
     schema: pa.Schema,
     uid: str | None,
+    late_fields: Callable[[pa.Array], pa.Table] | None = None,
 ) -> pa.RecordBatch:
     """One stage-1 task's keyed ``records`` (envelope rows; ``fields``: their declared
-    fields, row for row) as ``partial`` rows in ``schema`` (:func:`exchange_schema`), one
-    per (key, window) or session fragment, routed to the key's instance; followed by the
-    ``late_window`` dead letters of the records whose every window had closed at
-    ``watermark`` (the batch's starting one), as stage 2 would have set them aside."""
+    fields, row for row — those the aggregates read at least) as ``partial`` rows in
+    ``schema`` (:func:`exchange_schema`), one per (key, window) or session fragment,
+    routed to the key's instance; followed by the ``late_window`` dead letters of the
+    records whose every window had closed at ``watermark`` (the batch's starting one), as
+    stage 2 would have set them aside, with every declared field (``late_fields``: those
+    of the records at the given rows; default: ``fields``')."""
     order = pc.bit_wise_or(
         pc.shift_left(records.column("partition").cast(pa.int64()), _OFFSET_BITS),
         records.column("offset").cast(pa.int64()),
@@ -192,6 +199,11 @@ def stage_one_partials(
     partial, late = operator.pre_aggregate(table, watermark, [("__kg", "min")], encode=True)
     n = 0 if partial is None else partial.num_rows
     names = {v: k for k, v in _partial_names(schema).items()}
+    if partial is not None and END in partial.column_names and END not in names:
+        raise ValueError(  # the driver and the task must agree on what a partial covers
+            f"step {uid!r}: stage 1's window partials cover panes, but the exchange schema "
+            "has no column for their end; the driver and the tasks run different versions"
+        )
     columns: dict[str, Any] = {f.name: pa.nulls(n, f.type) for f in schema}
     columns["kind"] = pa.array([PARTIAL] * n, pa.string())
     if partial is not None:
@@ -211,7 +223,7 @@ def stage_one_partials(
     if not late:
         return out
     dead = EnvelopeBuilder(schema)
-    rows = fields.take(pa.array(late, pa.int64())).to_pylist()
+    rows = (late_fields or fields.take)(pa.array(late, pa.int64())).to_pylist()
     at = records.select(["topic", "partition", "offset", "event_ts"]).take(pa.array(late))
     coords = zip(*at.to_pydict().values(), strict=True)
     for record, (topic, part, off, ts) in zip(rows, coords, strict=True):
@@ -238,48 +250,55 @@ def run_partials(
     encoded = rows.column("key").combine_chunks().dictionary_encode()
     distinct = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
     partial = partial.append_column(KEY, pa.array(distinct).take(encoded.indices))
-    state, closing = _load(backend, distinct, watermark_after)
-    touched = set(distinct) | closing | set(state)
+    state = _load(backend, distinct, encoded.dictionary, watermark_after)
+    held = set(state)
     outcome = operator.merge(partial if rows.num_rows else None, state, watermark_after)
-    _store(operator, backend, state, touched, outcome, emit)
+    _store(operator, backend, state, held, outcome, emit)
     return {"windows_emitted": len(outcome.rows), "partials": rows.num_rows}
 
 
 def _load(
-    backend: KeyedStateBackend, keys: list[Any], watermark: int | None
-) -> tuple[OpenWindows, set[Any]]:
-    """The open windows of ``keys`` and of the keys whose windows ``watermark`` closes
-    (their timers fire), and those keys."""
+    backend: KeyedStateBackend, keys: list[Any], key_bytes: pa.Array, watermark: int | None
+) -> OpenWindows:
+    """The open windows of ``keys`` (``key_bytes``: theirs, in order) and of the keys
+    whose windows ``watermark`` closes (their timers fire). Only keys the backend holds
+    windows of are read: the rest have none (a batch's keys are loaded before it runs)."""
     closing: dict[Any, bytes] = {}
     if watermark is not None:
         for timer in backend.advance_watermark(watermark):
             closing[decode_key(timer.key_bytes)] = timer.key_bytes
+    stored: set[bytes] = set()
+    for kg in backend.key_groups:
+        stored.update(backend.table(kg, STATE) or ())
+    held = [k for k, kb in zip(keys, key_bytes.to_pylist(), strict=True) if kb in stored]
     state = {}
-    for key in [*keys, *closing]:
+    for key in [*held, *closing]:
         windows = backend.for_key(key).value(STATE).get()
         if windows:
             state[key] = {int(s): w for s, w in windows.items()}
-    return state, set(closing)
+    return state
 
 
 def _store(
     operator: WindowOperator,
     backend: KeyedStateBackend,
     state: OpenWindows,
-    touched: set[Any],
+    held: set[Any],
     outcome: BatchOutcome,
     emit: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Emit the batch's rows; write back the touched keys' open windows and timers."""
+    """Emit the batch's rows; write back the open windows and timers of the keys that
+    held windows before the batch (``held``) or hold some now — a key in neither has no
+    state to write or clear."""
     for row in outcome.rows:
         emit(row)
     lateness = operator.allowed_lateness_ms
-    for key in touched:
+    for key in held | set(state):
         ctx = backend.for_key(key)
         windows = state.get(key)
         ctx.value(STATE).set(windows) if windows else ctx.value(STATE).clear()
-        for end, _ in (windows or {}).values():
-            ctx.register_timer(end + lateness)
+        if windows:  # the first to close loads the key; it then registers the next
+            ctx.register_timer(min(end for end, _ in windows.values()) + lateness)
 
 
 def run_windows(
@@ -301,7 +320,7 @@ def run_windows(
     n = len(key_bytes)
     encoded = _combined(key_bytes).dictionary_encode()  # keys decoded once per distinct key
     distinct = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
-    state, closing = _load(backend, distinct, watermark_after)
+    state = _load(backend, distinct, encoded.dictionary, watermark_after)
     table = pa.table({})
     ts = _combined(event_ts).cast(pa.int64())
     if n:
@@ -312,9 +331,9 @@ def run_windows(
         table = pa.table({KEY: pa.array(distinct).take(encoded.indices), TS: ts, ORDER: order})
         for name in records.column_names:
             table = table.append_column(name, records.column(name))
-    touched = set(distinct) | closing | set(state)
+    held = set(state)
     outcome = operator.run(table, state, watermark_before, watermark_after)
-    _store(operator, backend, state, touched, outcome, emit)
+    _store(operator, backend, state, held, outcome, emit)
     for i in outcome.late:
         late(
             "late_window",

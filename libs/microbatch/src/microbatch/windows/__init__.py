@@ -5,7 +5,8 @@
 - :mod:`~microbatch.windows.aggregate`: aggregates as Arrow group-by partials that merge
   across batches;
 - :mod:`~microbatch.windows.python_merge`: ``collect``'s and custom aggregates' partials
-  merged across stage 1's tasks.
+  merged across stage 1's tasks;
+- :mod:`~microbatch.windows.panes`: hopping windows reduced per pane, then per window.
 
 - :mod:`~microbatch.windows.operator`: one batch of open windows, emitted as they close;
 - :mod:`~microbatch.windows.api`: ``windows.tumbling("5m").count().sum("x").final()``, a

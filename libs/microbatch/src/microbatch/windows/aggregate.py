@@ -72,6 +72,11 @@ class Aggregate:
     def result(self, partial: Any) -> Any:
         return partial
 
+    def result_column(self, merged: pa.Table) -> pa.Array | pa.ChunkedArray | None:
+        """The results of a table of partials with one row per window, column by column
+        (what :meth:`result` of :meth:`partial` gives each row); None: only per window."""
+        return None
+
     def _col(self, fn: str) -> str:
         return f"{self.column}_{fn}"
 
@@ -86,6 +91,9 @@ class Count(Aggregate):
     def merge(self, older: Any, newer: Any) -> Any:
         return older + newer
 
+    def result_column(self, merged: pa.Table) -> pa.ChunkedArray:
+        return merged.column(f"{TS}_count")
+
 
 class Sum(Aggregate):
     def needs(self) -> list[tuple[str, str]]:
@@ -93,6 +101,9 @@ class Sum(Aggregate):
 
     def partial(self, row: Mapping[str, Any]) -> Any:
         return row[self._col("sum")]
+
+    def result_column(self, merged: pa.Table) -> pa.ChunkedArray:
+        return merged.column(self._col("sum"))
 
     def merge(self, older: Any, newer: Any) -> Any:
         return newer if older is None else older if newer is None else older + newer
@@ -105,6 +116,9 @@ class Min(Aggregate):
     def partial(self, row: Mapping[str, Any]) -> Any:
         return row[self._col("min")]
 
+    def result_column(self, merged: pa.Table) -> pa.ChunkedArray:
+        return merged.column(self._col("min"))
+
     def merge(self, older: Any, newer: Any) -> Any:
         return newer if older is None else older if newer is None else min(older, newer)
 
@@ -115,6 +129,9 @@ class Max(Aggregate):
 
     def partial(self, row: Mapping[str, Any]) -> Any:
         return row[self._col("max")]
+
+    def result_column(self, merged: pa.Table) -> pa.ChunkedArray:
+        return merged.column(self._col("max"))
 
     def merge(self, older: Any, newer: Any) -> Any:
         return newer if older is None else older if newer is None else max(older, newer)
@@ -135,6 +152,11 @@ class Mean(Aggregate):
     def result(self, partial: Any) -> Any:
         return partial[0] / partial[1] if partial[1] else None
 
+    def result_column(self, merged: pa.Table) -> pa.Array:
+        sums = merged.column(self._col("sum")).to_pylist()
+        counts = merged.column(self._col("count")).to_pylist()
+        return pa.array([(s or 0) / c if c else None for s, c in zip(sums, counts, strict=True)])
+
 
 class First(Aggregate):
     """Partial: [event time, source order, value] of the earliest record."""
@@ -144,6 +166,9 @@ class First(Aggregate):
 
     def partial(self, row: Mapping[str, Any]) -> Any:
         return [row[f"{TS}_first"], row[f"{ORDER}_first"], row[self._col("first")]]
+
+    def result_column(self, merged: pa.Table) -> pa.ChunkedArray:
+        return merged.column(self._col("first"))
 
     def merge(self, older: Any, newer: Any) -> Any:
         return older if tuple(older[:2]) <= tuple(newer[:2]) else newer
@@ -160,6 +185,9 @@ class Last(Aggregate):
 
     def partial(self, row: Mapping[str, Any]) -> Any:
         return [row[f"{TS}_last"], row[f"{ORDER}_last"], row[self._col("last")]]
+
+    def result_column(self, merged: pa.Table) -> pa.ChunkedArray:
+        return merged.column(self._col("last"))
 
     def merge(self, older: Any, newer: Any) -> Any:
         return newer if tuple(newer[:2]) >= tuple(older[:2]) else older

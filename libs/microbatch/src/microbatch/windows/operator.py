@@ -9,11 +9,12 @@ keyed state as they are). A batch:
    watermark`` — is *late*: it is returned for the dead letters (reason ``late_window``),
    never counted;
 2. reduces the rest per (key, window) with Arrow (:func:`~microbatch.windows.aggregate.
-   partials`) and merges the partials into the open windows (sessions that now overlap or
-   touch merge into one);
+   partials`; hopping windows per pane first, :mod:`~microbatch.windows.panes`) and merges
+   the partials into the open windows (sessions that now overlap or touch merge into one);
 3. emits, in ``final`` mode, every window that the batch's new watermark closes, and
    forgets it — state holds open windows only; in ``updates`` mode, every window the batch
-   changed (and still forgets closed ones).
+   changed (and still forgets closed ones). A window no state held that closes in the
+   batch it opened in is emitted from the columns, without becoming state.
 
 Output rows: ``key``, ``window_start``, ``window_end`` and one column per aggregate,
 ordered by key then window start.
@@ -22,20 +23,24 @@ ordered by key then window start.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.windows.aggregate import (
     END,
     FIRST_ORDER,
     FIRST_TS,
     KEY,
+    ORDER,
     START,
     TS,
     Aggregate,
+    _needs,
     merge_partials,
     merge_table,
     mergeable,
@@ -44,8 +49,9 @@ from microbatch.windows.aggregate import (
     results,
 )
 from microbatch.windows.assign import hopping, sessions, tumbling
+from microbatch.windows.panes import pane_ms, windows_of_panes
 from microbatch.windows.python_merge import encode_accumulators, merge_rows
-from microbatch.windows.spec import Session, Tumbling, WindowSpec
+from microbatch.windows.spec import Hopping, Session, Tumbling, WindowSpec
 
 Mode = Literal["final", "updates"]
 
@@ -95,6 +101,11 @@ class WindowOperator:
         cross the exchange (:func:`~microbatch.windows.python_merge.encode_accumulators`)."""
         if not table.num_rows:
             return None, []
+        reads = {KEY, TS, ORDER, *(column for column, _ in _needs(self.aggregates, carry))}
+        table = table.select([c for c in table.column_names if c in reads])  # no other field
+        pane = pane_ms(self.spec, self.aggregates, table.schema)
+        if pane is not None:
+            return self._pane_partials(table, watermark_before, carry, pane)
         assigned, late = self._assign(table, watermark_before)
         if not assigned.num_rows:
             return None, late
@@ -113,6 +124,15 @@ class WindowOperator:
             )
         return (encode_accumulators(partial, self.aggregates) if encode else partial), late
 
+    def fields_read(self) -> set[str]:
+        """The record fields the aggregates read."""
+        return {str(c) for a in self.aggregates for c, _ in a.needs() if c not in (TS, ORDER)}
+
+    def uses_panes(self, schema: pa.Schema) -> bool:
+        """Do partials of records of ``schema`` cover panes (:mod:`.panes`), with an
+        :data:`END` column saying what each row covers?"""
+        return pane_ms(self.spec, self.aggregates, schema) is not None
+
     def merge(
         self,
         partial: pa.Table | None,
@@ -125,15 +145,18 @@ class WindowOperator:
         else merged first, in the order of their earliest records) into the open windows,
         then the emitted rows."""
         changed: set[tuple[Any, int]] = set()
+        close_at = None if watermark_after is None else watermark_after - self.allowed_lateness_ms
+        at_once: pa.Table | None = None  # rows emitted column-wise
         if partial is not None and partial.num_rows and isinstance(self.spec, Session):
             changed = self._merge_sessions(state, partial)
         elif partial is not None and partial.num_rows:
+            if END in partial.column_names and isinstance(self.spec, Hopping):
+                partial, grouped = windows_of_panes(partial, self.spec), False
+            if not grouped and mergeable(self.aggregates):
+                partial, grouped = merge_table(partial, self.aggregates), True
             if grouped:
+                partial, at_once = self._emit_new_closed(partial, state, close_at)
                 merged_partials = partial_values(partial, self.aggregates)
-            elif mergeable(self.aggregates):
-                merged_partials = partial_values(
-                    merge_table(partial, self.aggregates), self.aggregates
-                )
             else:
                 merged_partials = merge_rows(partial, self.aggregates)
             size = self.spec.size_ms
@@ -144,7 +167,6 @@ class WindowOperator:
                 windows[start] = [start + size, merged]
                 changed.add((key, start))
         rows = []
-        close_at = None if watermark_after is None else watermark_after - self.allowed_lateness_ms
         for key in sorted(state, key=_sort_key):
             windows = state[key]
             for start in sorted(windows):
@@ -157,7 +179,67 @@ class WindowOperator:
                     del windows[start]
             if not windows:
                 del state[key]
+        if at_once is not None and at_once.num_rows:
+            direct = at_once.to_pylist()
+            rows = direct if not rows else list(heapq.merge(direct, rows, key=_row_order))
         return BatchOutcome(rows, list(late or []))
+
+    def _emit_new_closed(
+        self, merged: pa.Table, state: OpenWindows, close_at: int | None
+    ) -> tuple[pa.Table, pa.Table | None]:
+        """Of one row per (key, window): the windows no state holds yet that close now,
+        as output rows built column-wise, in (key, start) order — they go out without
+        becoming state — and the other rows, to merge into the open windows one by one.
+        (None, all rows) when the results or the keys do not suit columns."""
+        key_type = merged.schema.field(KEY).type
+        names = {a.name for a in self.aggregates}
+        if (
+            close_at is None
+            or not _ordered_keys(key_type)
+            or names & {"key", "window_start", "window_end"}
+        ):
+            return merged, None
+        results = [a.result_column(merged) for a in self.aggregates]
+        if any(r is None for r in results):
+            return merged, None
+        starts = merged.column(START)
+        now = pc.less_equal(pc.add(starts, self.spec.size_ms), close_at)  # type: ignore[union-attr]
+        if state:
+            try:
+                held = pa.array(list(state), key_type)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                return merged, None
+            now = pc.and_(now, pc.invert(pc.is_in(merged.column(KEY), value_set=held)))
+        ends = pc.add(starts, self.spec.size_ms)  # type: ignore[union-attr]
+        columns = {"key": merged.column(KEY), "window_start": starts, "window_end": ends}
+        columns |= {a.name: r for a, r in zip(self.aggregates, results, strict=True)}
+        out = pa.table(columns).filter(now)
+        out = out.sort_by([("key", "ascending"), ("window_start", "ascending")])
+        return merged.filter(pc.invert(now)), out
+
+    def _pane_partials(
+        self, table: pa.Table, watermark: int | None, carry: Sequence[tuple[str, str]], pane: int
+    ) -> tuple[pa.Table | None, list[int]]:
+        """:meth:`pre_aggregate` per pane (:mod:`.panes`): a partial per (key, pane) of the
+        records whose every window is open (the oldest window holding pane ``p`` ends at
+        ``p + pane``), a partial per (key, window) of those only some of whose windows
+        are, and the late records (the newest window, ending ``p + size``, closed)."""
+        size = self.spec.size_ms  # type: ignore[union-attr]
+        ts = table.column(TS).to_numpy(zero_copy_only=False).astype(np.int64)
+        panes = ts - np.mod(ts, pane)
+        whole = ~self._closed(panes + pane, watermark)
+        late = self._closed(panes + size, watermark)
+        parts = []
+        if whole.any():
+            rows = table if whole.all() else table.filter(pa.array(whole))
+            rows = rows.append_column(START, pa.array(panes[whole], pa.int64()))
+            parts.append(_covering(partial_table(rows, self.aggregates, carry), pane))
+        partly = ~whole & ~late
+        if partly.any():
+            assigned, _ = self._assign(table.filter(pa.array(partly)), watermark)
+            parts.append(_covering(partial_table(assigned, self.aggregates, carry), size))
+        partial = pa.concat_tables(parts) if parts else None
+        return partial, np.flatnonzero(late).tolist()
 
     def _assign(self, table: pa.Table, watermark: int | None) -> tuple[pa.Table, list[int]]:
         """The table with :data:`START` (one row per record and window; for sessions the
@@ -210,5 +292,23 @@ class WindowOperator:
         return changed
 
 
+def _covering(partial: pa.Table, width: int) -> pa.Table:
+    """Partials with :data:`END`: each row covers ``[START, START + width)``."""
+    return partial.append_column(END, pc.add(partial.column(START), width))  # type: ignore[attr-defined]
+
+
 def _sort_key(key: Any) -> tuple[str, Any]:
     return (type(key).__name__, key)
+
+
+def _row_order(row: dict[str, Any]) -> tuple[tuple[str, Any], int]:
+    return _sort_key(row["key"]), row["window_start"]
+
+
+def _ordered_keys(key_type: pa.DataType) -> bool:
+    """Key columns whose Arrow order is Python's (:func:`_sort_key` for one key type)."""
+    return bool(
+        pa.types.is_integer(key_type) or pa.types.is_string(key_type)
+        or pa.types.is_large_string(key_type) or pa.types.is_binary(key_type)
+        or pa.types.is_large_binary(key_type)
+    )  # fmt: skip
