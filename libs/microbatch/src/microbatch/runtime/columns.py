@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.acero as acero
 import pyarrow.compute as pc
 
 from microbatch.errors import ConfigError
@@ -67,10 +68,6 @@ class ColumnStep:
 
 def _project(table: pa.Table, exprs: list[pc.Expression], names: list[str]) -> pa.Table:
     """``exprs`` evaluated on ``table`` (in row order: one thread)."""
-    # Imported here: pyarrow.acero loads pyarrow.dataset and pandas, ~0.5 s at every
-    # Python worker's start, which only a pipeline with column steps needs.
-    import pyarrow.acero as acero
-
     plan = acero.Declaration.from_sequence(
         [
             acero.Declaration("table_source", acero.TableSourceNodeOptions(table)),
