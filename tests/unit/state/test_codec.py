@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 
 from microbatch.keygroups import KeyGroupRange
 from microbatch.state import KeyedStateBackend
-from microbatch.state.codec import CodecError, decode_value, encode_canonical, encode_value
+from microbatch.state.codec import (
+    CodecError,
+    decode_value,
+    decode_values,
+    encode_canonical,
+    encode_value,
+)
 
 scalars = (
     st.none()
@@ -314,3 +320,22 @@ def test_unsupported_values_are_refused(bad, where):
 def test_corrupt_bytes_raise_codec_error(data):
     with pytest.raises(CodecError, match="corrupt"):
         decode_value(data)
+
+
+def test_a_run_of_values_decodes_as_each_one_alone():
+    rng = random.Random(7)
+    values = [random_value(rng) for _ in range(400)]  # both forms, interleaved
+    fast = [v for v in values if encode_value(v)[:1] == b"P"]
+    for run in (values, fast, fast[:3], []):
+        decoded = decode_values([encode_value(v) for v in run])
+        assert len(decoded) == len(run)
+        for got, value in zip(decoded, run, strict=True):
+            assert_same(got, value)
+
+
+@pytest.mark.parametrize("bad", [b"P", b"P\x92\x01", b"P\xc1", b"P\x01\x02", b"P\xd4\x01\x00"])
+def test_a_corrupt_value_in_a_run_raises_as_it_alone_would(bad):
+    run = [encode_value({"n": i}) for i in range(10)]
+    run[4] = bad
+    with pytest.raises(CodecError, match="corrupt"):
+        decode_values(run)

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from microbatch.runtime.records import PartitionCounts, StageOneTotals
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import partition_name
-from microbatch.state.codec import decode_value, encode_value, encode_values
+from microbatch.state.codec import decode_value, decode_values, encode_value, encode_values
 
 ENVELOPE_SCHEMA = pa.schema(
     [
@@ -177,6 +177,11 @@ def decode_payload(data: bytes) -> Any:
 def encode_payloads(values: Sequence[Any]) -> list[bytes]:
     """:func:`encode_payload` of each value, a run of plain records packed in one go."""
     return encode_values(values)
+
+
+def decode_payloads(datas: Sequence[bytes]) -> list[Any]:
+    """:func:`decode_payload` of each payload, a run of them unpacked in one go."""
+    return decode_values(datas)
 
 
 def unkeyed_instance(part: int, off: int, parallelism: int) -> int:

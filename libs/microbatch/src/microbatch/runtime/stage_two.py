@@ -52,6 +52,7 @@ from microbatch.runtime.envelope import (
     STAT,
     DeadLetterDetail,
     decode_payload,
+    decode_payloads,
     partition_stats,
     stage_one_totals,
 )
@@ -404,7 +405,7 @@ class StageTwo:
             records_of = batch_records(pipeline, recs)
         else:  # records handed on by the step before: always payloads
             payloads = recs.column("payload").to_pylist()
-            records_of = lambda i, j: DecodedRecords(map(decode_payload, payloads[i:j]))  # noqa: E731
+            records_of = lambda i, j: DecodedRecords(decode_payloads(payloads[i:j]))  # noqa: E731
         side_of = sides(pipeline, self.step if self.step is not None else first_uid(pipeline))
         if side_of is not None:  # a join: each record with the side it came in on
             record_sides = recs.sides(side_of)

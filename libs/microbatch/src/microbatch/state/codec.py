@@ -42,6 +42,7 @@ Anything else (sets, dataclasses, numpy scalars, naive datetimes) raises
 from __future__ import annotations
 
 import datetime as dt
+import operator
 import struct
 import threading
 from collections.abc import Sequence
@@ -219,6 +220,36 @@ def decode_value(data: bytes) -> Any:
     if pos != len(data):
         raise CodecError(f"corrupt state value: {len(data) - pos} trailing bytes")
     return value
+
+
+def decode_values(datas: Sequence[bytes]) -> list[Any]:
+    """``[decode_value(d) for d in datas]``, in one pass of MessagePack's unpacker when
+    every one is of the fast form: each is one complete value, so their concatenation
+    holds exactly them, in order. Else — or if that pass does not give one value per
+    input — value by value (which raises ``CodecError`` for the corrupt one). For bytes
+    written by :func:`encode_value` and carried intact (a batch's own exchange rows);
+    stored bytes go through :func:`decode_value`."""
+    if len(datas) < _UNPACK_FROM or set(map(_first_byte, datas)) != {_FAST_TAG_BYTE}:
+        return [decode_value(d) for d in datas]
+    packed = b"".join(map(_after_tag, datas))
+    unpacker = msgpack.Unpacker(
+        raw=False, use_list=True, strict_map_key=False, ext_hook=_no_ext,
+        max_buffer_size=len(packed),
+    )  # fmt: skip
+    unpacker.feed(packed)
+    try:
+        values = list(unpacker)
+    except (msgpack.UnpackException, ValueError, TypeError):
+        values = []
+    if len(values) != len(datas):
+        return [decode_value(d) for d in datas]
+    return values
+
+
+#: Fewer values than this are decoded one by one: an unpacker costs a few calls' worth.
+_UNPACK_FROM = 8
+_first_byte = operator.itemgetter(0)
+_after_tag = operator.itemgetter(slice(1, None))
 
 
 def _decode_fast(data: bytes) -> Any:
