@@ -203,7 +203,7 @@ class StandaloneAirflow:
                     f"DAG {dag_id} did not settle in {timeout:.0f} s: {active} active run(s) "
                     f"(paused: {dag.get('is_paused')})"
                 )
-            time.sleep(2)
+            time.sleep(1)
 
     def trigger(
         self, dag_id: str = "clickstream", *, conf: dict[str, Any] | None = None,
@@ -253,7 +253,7 @@ class StandaloneAirflow:
             if time.monotonic() > deadline:
                 states = {t: ti["state"] for t, ti in tis.items()}
                 raise AssertionError(f"run {run_id}: still {run['state']} {states} at timeout")
-            time.sleep(2)
+            time.sleep(1)
 
 
 def utcnow() -> dt.datetime:

@@ -107,20 +107,20 @@ def test_browser_logs_in_and_sees_the_checkpoint_and_the_run(
 
 def _backfill(standalone, start: dt.datetime, end: dt.datetime) -> list[dict]:
     """``airflow backfill create`` over the intervals starting at ``start``..``end``, as a
-    user types it; waits for the backfill to complete. The batch results, in order."""
+    user types it; waits for its runs to succeed. The batch results, in order.
+
+    A DAG has one backfill at a time: an earlier one must first be marked complete, which
+    the scheduler does every 30 s once its runs have ended. Waiting for that here rather
+    than right after the earlier backfill lets the checks of its output overlap the wait.
+    """
+    _wait_until_every_backfill_completed(standalone)
     standalone.settle(DAG_ID)
     created = standalone.cli(
         "backfill", "create", "--dag-id", DAG_ID, "--from-date", start.isoformat(),
         "--to-date", end.isoformat(), "--reprocess-behavior", "completed",
     )  # fmt: skip
     assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
-    backfills = standalone.api("GET", f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
-    backfill = max(backfills, key=lambda b: b["id"])
-    deadline = time.monotonic() + 1200
-    while backfill["completed_at"] is None:
-        assert time.monotonic() < deadline, f"backfill {backfill} did not complete"
-        time.sleep(5)
-        backfill = standalone.api("GET", f"/api/v2/backfills/{backfill['id']}")
+    # The backfill's runs exist (queued) once the command returns.
     runs = standalone.api(
         "GET",
         f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&order_by=logical_date"
@@ -129,7 +129,7 @@ def _backfill(standalone, start: dt.datetime, end: dt.datetime) -> list[dict]:
     assert [parse_time(r["logical_date"]) for r in runs] == [start, start + HOUR, end]
     results = []
     for run in runs:
-        final = standalone.wait_for_run(run["dag_run_id"], DAG_ID, timeout=60)
+        final = standalone.wait_for_run(run["dag_run_id"], DAG_ID, timeout=1200)
         assert final["state"] == "success"
         results.append(
             standalone.api(
@@ -139,6 +139,18 @@ def _backfill(standalone, start: dt.datetime, end: dt.datetime) -> list[dict]:
             )["value"]
         )
     return results
+
+
+def _wait_until_every_backfill_completed(standalone, timeout: float = 300.0) -> None:
+    """Wait until the scheduler has marked every backfill of the DAG completed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        backfills = standalone.api("GET", f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
+        active = [b for b in backfills if b["completed_at"] is None]
+        if not active:
+            return
+        assert time.monotonic() < deadline, f"backfill(s) {active} did not complete"
+        time.sleep(1)
 
 
 def test_backfill_from_the_cli_reprocesses_three_past_intervals_identically_twice(

@@ -61,6 +61,10 @@ def test_event_driven_runs_commit_new_records_once_and_a_duplicate_event_adds_no
 
     live = standalone.live_config
     standalone.airflow.unpause(LIVE_DAG_ID, standalone.token())
+    # Airflow starts an unpaused DAG's asset watchers when it next parses the DAG's file
+    # (every 30 s by default): ask for that parse now, as the UI's "Reparse DAG" does.
+    file_token = standalone.api("GET", f"/api/v2/dags/{LIVE_DAG_ID}")["file_token"]
+    standalone.api("PUT", f"/api/v2/parseDagFile/{file_token}")
     # No checkpoint yet: the watcher fires at once and the first run sets the pipeline up.
     first = _wait_for_runs(standalone, LIVE_DAG_ID, 1)
     assert {r["run_type"] for r in first} == {"asset_triggered"}

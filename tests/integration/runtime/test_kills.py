@@ -11,6 +11,7 @@ state of every key.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -55,19 +56,35 @@ pipeline = dataclasses.replace(
 """
 
 
-def start_cli(settings: Settings, args: list[str], pause_at: str) -> subprocess.Popen:
-    """``microbatch <args>`` in its own process, stopping itself at ``pause_at``."""
+def start_cli(
+    settings: Settings, args: list[str], pause_at: str, log: Path | None = None
+) -> subprocess.Popen:
+    """``microbatch <args>`` in its own process, stopping itself at ``pause_at``; its
+    output in ``log`` when given (readable while it runs), else in a pipe."""
     env = {**os.environ, **settings.to_env(), "MICROBATCH_PAUSE_AT": pause_at}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("PYSPARK_PYTHON", sys.executable)
-    return subprocess.Popen(
-        [sys.executable, "-m", "microbatch.cli", *args, "--json"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    with open(log, "w") if log is not None else contextlib.nullcontext() as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "microbatch.cli", *args, "--json"],
+            cwd=REPO,
+            env=env,
+            stdout=out or subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def wait_for_output(proc: subprocess.Popen, log: Path, text: str, timeout_s: float = 60) -> None:
+    """Wait until ``text`` is in the running process's ``log``."""
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        ended = proc.poll() is not None
+        assert not ended and time.monotonic() < deadline, (
+            f"no {text!r} in {log} ({'ended' if ended else 'still running'}):\n"
+            f"{log.read_text()[-2000:]}"
+        )
+        time.sleep(0.1)
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -187,13 +204,15 @@ def test_a_broker_restart_while_a_batch_runs_loses_and_doubles_nothing(
         more = clicks(30, seed=6)
         produce(settings.kafka_bootstrap_servers, topic, more)
         values += more
-        second = start_cli(settings, ["run", str(job), "--run-id", "b"], "before_publish")
+        log = tmp_path / "second.log"
+        second = start_cli(settings, ["run", str(job), "--run-id", "b"], "before_publish", log)
         wait_stopped(second)
         broker.stop()
         os.kill(second.pid, signal.SIGCONT)
-        time.sleep(3)
+        wait_for_output(second, log, "ECONNREFUSED")  # it publishes to the stopped broker
         broker.start()
-        output, _ = second.communicate(timeout=300)
+        second.wait(timeout=300)
+        output = log.read_text()
         if second.returncode != 0:  # the publish gave up while the broker was down
             assert "rerun" in output, output[-2000:]
             time.sleep(LEASE_S + 0.5)

@@ -146,7 +146,11 @@ def _kafka_uuid() -> str:
 def _broker_answers(bootstrap: str) -> bool:
     from kafka import KafkaAdminClient  # local import: keep the stack CLI light
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    # A short reconnect backoff: with the client's default, a probe that began before the
+    # port opened sleeps seconds after the broker is up (its backoff grows while refused).
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=3000, reconnect_backoff_max_ms=250
+    )
     try:
         admin.describe_cluster()
     finally:
