@@ -28,6 +28,10 @@ the watermark — a window, an auction's close — is emitted once the watermark
 
 Windows close for every key at once (one watermark per pipeline), so a later step gets
 all of a window's rows in one call: :class:`Hottest` and :class:`Highest` keep no state.
+
+With declared schemas, q3, q4 and q8 filter (q3) and project each source on its Arrow
+columns (``where``/``select``) before any record is built, so that only the rows kept,
+with the fields the query reads, become records and cross the exchange.
 """
 
 from __future__ import annotations
@@ -169,13 +173,21 @@ def q2(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
 # q3: a table join ---------------------------------------------------------------------------
 
 
+SELLER_STATES = ("or", "id", "ca")
+
+
 def q3(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root)
-    auctions = flow.source(source(topics.auction, "auction", reading)).filter(
-        lambda a: a["category"] == 10
-    )
+    auctions = flow.source(source(topics.auction, "auction", reading))
     people = flow.source(source(topics.person, "person", reading))
-    sellers = people.filter(lambda p: p["state"] in ("or", "id", "ca"))
+    if reading.schema:  # filtered on the columns; records of the fields the join reads only
+        auctions = auctions.where(pc.field("category") == 10).select("id", "seller", "date_time")
+        sellers = people.where(pc.field("state").isin(SELLER_STATES)).select(
+            "id", "name", "city", "state", "date_time"
+        )
+    else:
+        auctions = auctions.filter(lambda a: a["category"] == 10)
+        sellers = people.filter(lambda p: p["state"] in SELLER_STATES)
     suggest = TableJoin(select=lambda a, p: {
         "name": p["name"], "city": p["city"], "state": p["state"], "id": a["id"]})  # fmt: skip
     auctions.key_by("seller").join(sellers.key_by("id"), suggest, uid="q3").to(out(root))
@@ -240,6 +252,9 @@ def q4(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root)
     auctions = flow.source(source(topics.auction, "auction", reading))
     bids = flow.source(source(topics.bid, "bid", reading))
+    if reading.schema:  # only the fields Winning reads (and the keys) become records
+        auctions = auctions.select("id", "date_time", "expires", "category")
+        bids = bids.select("auction", "date_time", "price")
     closed = auctions.key_by("id").join(bids.key_by("auction"), Winning(), uid="q4-winning")
     closed.key_by("category").process(Average(), uid="q4-average").to(out(root))
     return flow.build()
@@ -325,6 +340,9 @@ def q8(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     flow = new_flow(name, root)
     people = flow.source(source(topics.person, "person", reading))
     auctions = flow.source(source(topics.auction, "auction", reading))
+    if reading.schema:  # only what new_user and the window read travels
+        people = people.select("id", "name", "date_time")
+        auctions = auctions.select("seller", "date_time")
     sellers = auctions.key_by("seller").window(
         windows.tumbling(WINDOW_MS).count().final(), uid="q8-sellers"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 
 from microbatch.dataflow import Dataflow
@@ -14,6 +15,7 @@ from microbatch.runtime import (
     BatchOptions,
     BatchRunner,
     DeadLetterSink,
+    JsonSchema,
     KafkaSource,
     KeyedProcessFunction,
     ParquetSink,
@@ -81,6 +83,68 @@ def test_two_sources_meet_in_one_keyed_step(spark, kafka_settings, bootstrap, ad
     tapped = read_parquet_sink(str(tmp_path / "refunds")).to_pylist()
     want_refunds = [{**csv_refund(v), "kind": "refund"} for v in refunds[:-1]]
     assert sorted(tapped, key=str) == sorted(want_refunds, key=str)
+
+
+class Sides(KeyedProcessFunction):
+    """A join of two sides: per key, what each side's records hold."""
+
+    def process(self, key: Any, records: Any, ctx: Any) -> None:
+        for side, record in records:
+            ctx.emit({"customer": key, "side": side, "fields": ",".join(sorted(record)),
+                      "amount": record.get("amount")})  # fmt: skip
+
+
+def test_column_steps_of_two_joined_sources_filter_and_project_each_side(
+    spark, kafka_settings, bootstrap, admin, tmp_path
+):
+    orders_topic, customers_topic = new_topic(admin, 2), new_topic(admin, 1)
+    orders = [
+        json.dumps({"customer": f"u{i % 4}", "amount": i, "note": "x" * 50}).encode()
+        for i in range(40)
+    ]
+    orders.append(b'{"customer": "u1", "amount": "ten", "note": ""}')  # a schema mismatch
+    countries = ["DE", "NL", "DE", "NL"]
+    customers = [
+        json.dumps({"id": f"u{i}", "country": c, "address": "a"}).encode()
+        for i, c in enumerate(countries)
+    ]
+    produce(bootstrap, orders_topic, orders)
+    produce(bootstrap, customers_topic, customers)
+
+    flow = Dataflow(
+        "sides",
+        checkpoints=f"{tmp_path}/checkpoints",
+        dead_letters=DeadLetterSink(path=f"{tmp_path}/dead"),
+        max_parallelism=8,
+        parallelism=2,
+    )
+    order_schema = JsonSchema({"customer": "string", "amount": "long", "note": "string"})
+    customer_schema = JsonSchema({"id": "string", "country": "string", "address": "string"})
+    large = (
+        flow.source(KafkaSource(topics=(orders_topic,), value_schema=order_schema))
+        .where(pc.field("amount") >= 30)
+        .select("customer", "amount")
+    )
+    dutch = (
+        flow.source(KafkaSource(topics=(customers_topic,), value_schema=customer_schema))
+        .where(pc.field("country") == "NL")
+        .select("id")
+    )
+    large.key_by("customer").join(dutch.key_by("id"), Sides(), uid="sides").to(
+        ParquetSink("out", f"{tmp_path}/out")
+    )
+    result = BatchRunner(spark, flow.build(), kafka_settings).run(BatchOptions(run_id="one"))
+
+    assert result.records_in == len(orders) + len(customers)
+    got = sorted(tuple(r.values()) for r in read_parquet_sink(f"{tmp_path}/out").to_pylist())
+    want = sorted([(f"u{i % 4}", 0, "amount,customer", i) for i in range(30, 40)]
+                  + [(f"u{i}", 1, "id", None) for i in (1, 3)])  # fmt: skip
+    assert got == want
+    dead = read_parquet_sink(f"{tmp_path}/dead").to_pylist()
+    assert [(d["reason"], d["topic"], d["raw_value"]) for d in dead] == [
+        ("schema_mismatch", orders_topic, orders[-1])
+    ]
+    assert "'amount'" in dead[0]["error"]
 
 
 def test_a_source_that_feeds_no_keyed_step_is_refused(tmp_path) -> None:

@@ -30,7 +30,9 @@ On a source with a declared ``value_schema``, :meth:`Stream.where` and
 :meth:`Stream.select` filter and project the Arrow columns before any record is built
 (:mod:`microbatch.runtime.columns`), and a dataflow needs no keyed step at all:
 ``flow.source(s).where(...).select(...).to(sink)`` sends each sink its rows as columns,
-one Arrow table per instance and batch (:mod:`microbatch.runtime.column_taps`).
+one Arrow table per instance and batch (:mod:`microbatch.runtime.column_taps`). With
+several sources, or in a graph, each source may have its own ``where``/``select`` before
+its ``key_by``: stage 1 builds records only of the rows kept, with the selected fields.
 
 Steps need not form a chain: a step's output (or a source) may feed several keyed steps,
 ``union`` merges streams of sources and keyed steps, and :meth:`KeyedStream.join` makes
@@ -183,13 +185,15 @@ class Dataflow:
             **self._settings,
         }
         chain = self._as_chain()
-        columns = self._column_steps(first, chain is not None and not several)
+        columns = self._column_steps()  # several sources: each in its Input
+        settings["column_steps"] = () if several else columns.get(0, ())
         if chain is not None:  # each step reads the one before: no graph needed
             key, prefixes = chain
-            inputs = tuple(Input(s, prefixes[i]) for i, s in enumerate(self._sources))
+            inputs = tuple(
+                Input(s, prefixes[i], columns.get(i, ())) for i, s in enumerate(self._sources)
+            )
             return Pipeline(
                 key_by=key,
-                column_steps=columns,
                 prefix=() if several else prefixes[0],
                 inputs=inputs if several else (),
                 steps=tuple(
@@ -209,9 +213,10 @@ class Dataflow:
             for step in self._steps
             for strand, key, side in step.inputs
         )
+        inputs = tuple(Input(s, columns=columns.get(i, ())) for i, s in enumerate(self._sources))
         return Pipeline(
             key_by=first.inputs[0][1],
-            inputs=tuple(Input(s) for s in self._sources) if several else (),
+            inputs=inputs if several else (),
             steps=tuple(
                 KeyedStep(s.uid, s.inputs[0][1], s.process, (), tuple(s.taps)) for s in rest
             ),
@@ -244,17 +249,26 @@ class Dataflow:
             **self._settings,
         )
 
-    def _column_steps(self, first: _Keyed, chained: bool) -> tuple[ColumnStep, ...]:
-        """The column steps before the first key (of the one source); refused, naming
-        the step, where they cannot run: several sources, a graph of steps."""
-        steps = [c for s, _, _ in first.inputs for c in s.columns]
-        if steps and not chained:
-            raise ConfigError(
-                f"dataflow {self.name!r}: {steps[0].kind} step {steps[0].name!r}: column "
-                "steps need one source feeding a chain of keyed steps (no union, branch or "
-                "join yet); use filter()/map() there"
-            )
-        return next((s.columns for s, _, _ in first.inputs if s.columns), ())
+    def _column_steps(self) -> dict[int, tuple[ColumnStep, ...]]:
+        """Each source's column steps, those of every stream of it a keyed step reads;
+        refused, naming the source and the step, when two such streams differ (stage 1
+        decodes a source's rows once, through its column steps, before it keys them for
+        each step it feeds)."""
+        found: dict[int, tuple[ColumnStep, ...]] = {}
+        for step in self._steps:
+            for strand, _, _ in step.inputs:
+                if not isinstance(strand.origin, int):
+                    continue
+                before = found.setdefault(strand.origin, strand.columns)
+                odd = _one_path_only(before, strand.columns)
+                if odd is not None:
+                    raise ConfigError(
+                        f"dataflow {self.name!r}: {self._origin_name(strand.origin)} feeds keyed "
+                        f"steps through different column steps ({odd.kind} step {odd.name!r} "
+                        "is on one path only); give every key_by of a source the same "
+                        "where()/select() (stage 1 runs a source's column steps once)"
+                    )
+        return {i: c for i, c in found.items() if c}
 
     def _as_chain(self) -> tuple[Key, dict[int, Chain]] | None:
         """(the first step's key, each source's stateless steps) when the keyed steps form
@@ -310,6 +324,16 @@ class Dataflow:
         return uid
 
 
+def _one_path_only(one: tuple[ColumnStep, ...], other: tuple[ColumnStep, ...]) -> ColumnStep | None:
+    """A column step of ``one`` or ``other`` that is not the other's (None: the same)."""
+    for step in (*one, *other):
+        if not (any(step is s for s in one) and any(step is s for s in other)):
+            return step
+    if len(one) != len(other) or any(a is not b for a, b in zip(one, other, strict=True)):
+        return one[0]  # the same steps in another order
+    return None
+
+
 class Stream:
     """Records flowing out of sources or keyed steps, after stateless steps."""
 
@@ -339,7 +363,8 @@ class Stream:
         """Keep the rows where ``condition`` (a :class:`pyarrow.compute.Expression` on the
         declared schema's columns, e.g. ``pc.field("price") > 10``) is true; a null is not
         true. Runs on the Arrow columns in stage 1, before any record is built: only on a
-        source with a ``value_schema``, before record-wise and keyed steps."""
+        source with a ``value_schema`` (any of several), before record-wise and keyed
+        steps, ``union`` and ``join``."""
         if not isinstance(condition, pc.Expression):
             raise ConfigError(
                 f"dataflow {self._flow.name!r}: where() takes a pyarrow.compute.Expression "

@@ -110,7 +110,13 @@ def decoded_values(
     """Kafka values decoded by the source's declared schema: the records' columns, the
     source row of each, and (reason, error) per source row that is a dead letter."""
     # Only called when columnar_values(pipeline) is not None: the source declares a schema.
-    schema = cast(ValueSchema, pipeline.source.value_schema)
+    return decode_values(cast(ValueSchema, pipeline.source.value_schema), values)
+
+
+def decode_values(
+    schema: ValueSchema, values: pa.Array
+) -> tuple[pa.Table, np.ndarray, dict[int, tuple[str, str]]]:
+    """:func:`decoded_values` by ``schema`` (a source's among several)."""
     dead: dict[int, tuple[str, str]] = {}
     present = values.is_valid().to_numpy(zero_copy_only=False)
     source_rows = np.nonzero(present)[0]
@@ -120,6 +126,70 @@ def decoded_values(
     for r, error in decoded.bad:
         dead[int(source_rows[r])] = (SCHEMA_MISMATCH, error)
     return decoded.table, source_rows[decoded.rows], dead
+
+
+def records_from_columns(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Kafka rows → envelope rows, in a dataflow whose records travel as payloads
+    (several sources, a graph) and some of whose sources have column steps.
+
+    Those sources' rows are decoded as columns (their ``schema_mismatch`` dead letters
+    named as in :func:`decoded_values`) and go through their column steps; only the rows
+    kept become records (dicts of the kept columns), which go on as every source's do
+    (``StageOne.add_records``: keyed for each edge, dead letters, payloads). A row a
+    ``where`` drops leaves no row, like a record-wise filter's, and is counted as
+    consumed. The other sources' rows take the per-record path."""
+    from microbatch.runtime.graph import source_of_topic
+    from microbatch.runtime.stage_one import _source_columns
+
+    out = EnvelopeBuilder()
+    topic, part = batch.column("topic"), batch.column("partition")
+    index_of = source_of_topic(stage.pipeline)
+    rest = np.ones(batch.num_rows, dtype=bool)
+    for index, steps in stage.column_sources.items():
+        topics = [t for t, i in index_of.items() if i == index]
+        mask = pc.is_in(topic, value_set=pa.array(topics, pa.string()))
+        mask = mask.to_numpy(zero_copy_only=False)
+        if mask.any():
+            rest &= ~mask
+            _source_records(stage, out, index, steps, batch.filter(pa.array(mask)))
+    if rest.any():
+        others = batch.filter(pa.array(rest))
+        stage.add_rows(out, *_source_columns(others))
+    return out.build(consumed_per_partition(topic, part), stage.parallelism)
+
+
+def _source_records(
+    stage: StageOne, out: EnvelopeBuilder, index: int, steps: Sequence[ColumnStep],
+    rows: pa.RecordBatch,
+) -> None:  # fmt: skip
+    """The Kafka ``rows`` of source ``index`` (with column ``steps``) into ``out``."""
+    from microbatch.runtime.stage_one import _Bad
+
+    pipeline = stage.pipeline
+    source = pipeline.inputs[index].source if pipeline.inputs else pipeline.source
+    values = rows.column("value")
+    if source.tombstones and values.null_count:  # deletes: keyed by their Kafka key
+        nulls = values.is_null().to_numpy(zero_copy_only=False)
+        tombstones = rows.filter(pa.array(nulls))
+        for t, p, o, k in zip(*(tombstones.column(c).to_pylist() for c in SOURCE_COLUMNS[:4]),
+                              strict=True):  # fmt: skip
+            try:
+                stage.add_tombstone(out, t, p, o, k)
+            except _Bad as bad:
+                out.dead(t, p, o, stage.parallelism, bad.reason, bad.error, k, None)
+        rows = rows.filter(pa.array(~nulls))
+        values = rows.column("value")
+    table, at, dead = decode_values(cast(ValueSchema, source.value_schema), values)
+    table, at = column_steps(stage, steps, table, at, rows)
+    take = pa.array(at, pa.int64())
+    coordinates = (rows.column(c).take(take).to_pylist() for c in SOURCE_COLUMNS[:3])
+    add_records = stage.add_records
+    for record, t, p, o, row in zip(table.to_pylist(), *coordinates, at.tolist(), strict=True):
+        try:
+            add_records(out, t, p, o, record)
+        except _Bad as bad:
+            dead[row] = (bad.reason, bad.error)
+    add_dead_letters(out, dead, rows, stage.parallelism)
 
 
 def add_dead_letters(

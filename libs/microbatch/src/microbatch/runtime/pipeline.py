@@ -35,7 +35,7 @@ from microbatch.kafka.confluent_reader import librdkafka_config
 from microbatch.keygroups import check_max_parallelism
 from microbatch.runtime.columns import ColumnStep, output_schema
 from microbatch.runtime.consumer_config import check_consumer_config
-from microbatch.runtime.graph import Edge, check_edges
+from microbatch.runtime.graph import Edge, check_edges, edges_from
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.schema import ValueSchema, kind_of
 from microbatch.runtime.steps import KeyedStep, Stateless, Tap, check_steps, sink_only
@@ -292,7 +292,9 @@ class Pipeline:
     edges: Sequence[Edge] = ()
     #: Column-wise steps (``where``/``select``, :mod:`microbatch.runtime.columns`) on the
     #: declared schema's columns, before the first key and before ``prefix``: one source
-    #: with a ``value_schema``, no enrichment, a chain.
+    #: with a ``value_schema``, no enrichment; in a chain the records then travel as
+    #: columns, in a graph (``edges``) they are built from the kept columns in stage 1.
+    #: Several sources carry theirs in :attr:`Input.columns`.
     column_steps: Sequence[ColumnStep] = ()
 
     def __post_init__(self) -> None:
@@ -399,10 +401,12 @@ class Pipeline:
 class Input:
     """One of several sources: how its records are decoded (its ``KafkaSource``'s
     ``decoder`` or ``value_schema``) and the stateless steps they go through before the
-    first keyed step."""
+    first keyed step; ``columns``: column steps (``where``/``select``) on its declared
+    schema's columns, before its records are built (:func:`record_column_steps`)."""
 
     source: KafkaSource
     prefix: tuple[Stateless, ...] = ()
+    columns: tuple[ColumnStep, ...] = ()
 
 
 #: What several sources must agree on: one plan reads them together.
@@ -523,19 +527,22 @@ def check_column_steps(pipeline: Pipeline) -> None:
             f"{where}: sink {taps[0].sink!r} after column steps: in a dataflow with keyed "
             "steps not supported yet (a dataflow of sources and sinks only is)"
         )
+    if pipeline.inputs or pipeline.edges:
+        check_record_column_steps(pipeline, where)
+        return
     if not pipeline.column_steps:
         return
     step = pipeline.column_steps[0]
     schema = pipeline.source.value_schema
-    if schema is None or pipeline.inputs:
+    if schema is None:
         raise ConfigError(
             f"{where}: {step.kind} step {step.name!r} runs on the columns of a declared "
-            "schema: give the source value_schema=JsonSchema(...) (one source)"
+            "schema: give the source value_schema=JsonSchema(...)"
         )
-    if pipeline.enrich is not None or pipeline.edges:
+    if pipeline.enrich is not None:
         raise ConfigError(
             f"{where}: {step.kind} step {step.name!r}: column steps run right after the "
-            "source, in a chain of keyed steps without enrichment"
+            "source, in a dataflow without enrichment"
         )
     if pipeline.prefix:
         raise ConfigError(
@@ -551,6 +558,82 @@ def check_column_steps(pipeline: Pipeline) -> None:
         )
     values = output_schema(pipeline.column_steps, schema.arrow_schema, where)
     object.__setattr__(pipeline, "_column_values", values)
+
+
+def record_column_steps(pipeline: Pipeline) -> dict[int, tuple[ColumnStep, ...]]:
+    """Per source index: the column steps stage 1 runs on that source's columns before
+    it builds the source's records, in a dataflow whose records travel as payloads
+    (several sources, or a graph); empty for a chain of one source (its records travel
+    as columns) and for sources without column steps."""
+    if pipeline.inputs:
+        return {i: inp.columns for i, inp in enumerate(pipeline.inputs) if inp.columns}
+    if pipeline.edges and pipeline.column_steps:
+        return {0: tuple(pipeline.column_steps)}
+    return {}
+
+
+def check_record_column_steps(pipeline: Pipeline, where: str) -> None:
+    """Column steps of several sources, or of a graph's source: each on its source's
+    declared columns, no record-wise step or source sink of that source beside them,
+    and every field a ``key_by`` (by name) of its edges or the event time reads kept."""
+    if pipeline.inputs and pipeline.column_steps:
+        step = pipeline.column_steps[0]
+        raise ConfigError(
+            f"{where}: {step.kind} step {step.name!r}: with several sources, each source's "
+            "column steps are its own (Input.columns)"
+        )
+    for index, steps in record_column_steps(pipeline).items():
+        source = pipeline.inputs[index].source if pipeline.inputs else pipeline.source
+        step = steps[0]
+        named = f"{where}: {step.kind} step {step.name!r} (source of {list(source.topics)})"
+        if source.value_schema is None:
+            raise ConfigError(
+                f"{named} runs on the columns of a declared schema: give the source "
+                "value_schema=JsonSchema(...)"
+            )
+        if pipeline.enrich is not None:
+            raise ConfigError(f"{named}: column steps do not run with enrichment")
+        edges = edges_from(pipeline, index)
+        chained = [s for e in edges for s in e.chain]
+        if chained:
+            raise ConfigError(
+                f"{named}: record-wise step {chained[0].name!r} after column steps is not "
+                "supported yet; use where() and select() only, up to key_by"
+            )
+        taps = [t for t in pipeline.source_taps if t.source in (None, index)]
+        if taps:
+            raise ConfigError(
+                f"{named}: sink {taps[0].sink!r} fed by the same source beside column steps "
+                "is not supported yet; feed the sink from a keyed step"
+            )
+        values = output_schema(steps, source.value_schema.arrow_schema, where)
+        needed = [(e.key_by, f"key_by of step {e.target!r}") for e in edges
+                  if isinstance(e.key_by, str)]  # fmt: skip
+        if pipeline.event_time is not None:
+            needed.append((pipeline.event_time.field, "the event time (EventTime field)"))
+        for field, reader in needed:
+            if field in values.names:
+                continue
+            dropping = _dropping(steps, field)
+            if dropping is None:  # never there: the per-record path would dead-letter all
+                raise ConfigError(
+                    f"{named}: {reader} reads column {field!r}, which the source's "
+                    f"value_schema does not declare (columns after the column steps: "
+                    f"{', '.join(values.names)})"
+                )
+            raise ConfigError(
+                f"{where}: select step {dropping.name!r} of the source of "
+                f"{list(source.topics)} drops column {field!r}, which {reader} reads "
+                f"(columns after it: {', '.join(values.names)}); keep it in the select"
+            )
+
+
+def _dropping(steps: Sequence[ColumnStep], field: str) -> ColumnStep | None:
+    """The last ``select`` of ``steps`` whose output has no column ``field``."""
+    return next(
+        (s for s in reversed(steps) if s.kind == "select" and field not in s.expressions()[1]),
+        None,
+    )
 
 
 def check_sink_only(pipeline: Pipeline, where: str) -> None:

@@ -27,7 +27,8 @@ from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.column_taps import tap_envelopes
-from microbatch.runtime.columnar import KnownKeys, columnar_envelopes
+from microbatch.runtime.columnar import KnownKeys, columnar_envelopes, records_from_columns
+from microbatch.runtime.columns import ColumnStep
 from microbatch.runtime.envelope import (
     OUTPUT,
     PENDING,
@@ -52,6 +53,7 @@ from microbatch.runtime.pipeline import (
     columnar_values,
     input_of,
     json_decoder,
+    record_column_steps,
 )
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 from microbatch.runtime.steps import (
@@ -333,8 +335,10 @@ class StageOne:
     @property
     def has_prefix(self) -> bool:
         """Do records go through stateless steps (or several sources' own, or sinks fed
-        before the first keyed step) in stage 1?"""
-        return bool(self.pipeline.prefix or self.pipeline.inputs or self.pipeline.source_taps)
+        before the first keyed step, or a graph's edges: a source may feed several keyed
+        steps) in stage 1?"""
+        pipeline = self.pipeline
+        return bool(pipeline.prefix or pipeline.inputs or pipeline.source_taps or pipeline.edges)
 
     def prefix_of(self, topic: str) -> Sequence[Stateless]:
         if self.pipeline.inputs:
@@ -376,29 +380,43 @@ class StageOne:
                 if sink_only(self.pipeline):
                     return tap_envelopes(self, batch)
                 return columnar_envelopes(self, batch)
+        if self.column_sources:
+            with gc_paused():
+                return records_from_columns(self, batch)
         out = EnvelopeBuilder()
-        topics, parts, offs, rkeys, rvalues = _source_columns(batch)
-        filters = self._plain_filters
+        topics, parts = batch.column("topic").to_pylist(), batch.column("partition").to_pylist()
         with gc_paused():
-            for topic, part, off, rkey, rvalue in zip(
-                topics, parts, offs, rkeys, rvalues, strict=True
-            ):
-                try:
-                    if rvalue is None and topic in self._tombstone_sources:
-                        self.add_tombstone(out, topic, part, off, rkey)
-                        continue
-                    record = self.decode(rvalue, topic)
-                    if filters is not None:
-                        if self.passes(filters, record, topic, part, off):
-                            self.add_record(out, topic, part, off, 0, record, raw=rvalue)
-                    elif self.has_prefix:
-                        self.add_records(out, topic, part, off, record, raw=rvalue)
-                    else:
-                        self.add_record(out, topic, part, off, 0, record, raw=rvalue)
-                except _Bad as bad:
-                    out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
-                             rkey, rvalue)  # fmt: skip
+            self.add_rows(out, topics, parts, *_source_columns(batch, SOURCE_COLUMNS[2:]))
             return out.build(Counter(zip(topics, parts, strict=True)), self.parallelism)
+
+    @functools.cached_property
+    def column_sources(self) -> dict[int, tuple[ColumnStep, ...]]:
+        """Per source index: the column steps its rows go through, as columns, before
+        they become records (a dataflow of several sources or a graph)."""
+        return record_column_steps(self.pipeline)
+
+    def add_rows(
+        self, out: EnvelopeBuilder, topics: list[str], parts: list[int], offs: list[int],
+        rkeys: list[bytes | None], rvalues: list[bytes | None],
+    ) -> None:  # fmt: skip
+        """Kafka rows, record by record: decoded, through the stateless steps, keyed."""
+        filters = self._plain_filters
+        for topic, part, off, rkey, rvalue in zip(topics, parts, offs, rkeys, rvalues, strict=True):
+            try:
+                if rvalue is None and topic in self._tombstone_sources:
+                    self.add_tombstone(out, topic, part, off, rkey)
+                    continue
+                record = self.decode(rvalue, topic)
+                if filters is not None:
+                    if self.passes(filters, record, topic, part, off):
+                        self.add_record(out, topic, part, off, 0, record, raw=rvalue)
+                elif self.has_prefix:
+                    self.add_records(out, topic, part, off, record, raw=rvalue)
+                else:
+                    self.add_record(out, topic, part, off, 0, record, raw=rvalue)
+            except _Bad as bad:
+                out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
+                         rkey, rvalue)  # fmt: skip
 
     @functools.cached_property
     def _plain_filters(self) -> Chain | None:
@@ -655,9 +673,12 @@ class ReadingStageOne:
         return self.stage(reading)
 
 
-def _source_columns(batch: pa.RecordBatch) -> tuple[list[Any], ...]:
-    """(topic, partition, offset, key, value) of Kafka rows, as Python lists."""
-    return tuple(batch.column(name).to_pylist() for name in SOURCE_COLUMNS)
+def _source_columns(
+    batch: pa.RecordBatch, names: Sequence[str] = SOURCE_COLUMNS
+) -> tuple[list[Any], ...]:
+    """(topic, partition, offset, key, value) of Kafka rows (or the columns ``names``),
+    as Python lists."""
+    return tuple(batch.column(name).to_pylist() for name in names)
 
 
 class _SourceBytes:
