@@ -44,6 +44,29 @@ def test_returned_values_are_copies(backend):
     assert s.get() == [1, 2]
 
 
+def test_a_value_read_in_a_loop_follows_every_write_expiry_and_restore(backend, clock):
+    """``get`` decodes a stored value once per write: what it returns must still be what
+    state holds after a set, a clear, an expiry or a restore, through the same handle."""
+    a = backend.for_key("a")
+    total = a.value("total", ttl=10)
+    assert [total.get(0) for _ in range(3)] == [0, 0, 0]
+    for n in (5, 7, 7):
+        total.set(n)
+        assert total.get() == total.get() == n
+    a.value("total", ttl=10).set(9)  # another handle on the same state
+    assert total.get() == 9
+    rows = backend.export_key(key_group("a", 16), a.key_bytes)
+    total.set(1)
+    assert total.get() == 1
+    backend.import_key(key_group("a", 16), a.key_bytes, rows)  # a restore: 9 again
+    assert total.get() == 9
+    clock.now += 11
+    assert total.get("gone") == "gone"
+    total.set(3)
+    total.clear()
+    assert total.get() is None
+
+
 def test_list_state_add_update_clear(backend):
     s = backend.for_key("a").list("events")
     s.add(1)

@@ -70,15 +70,30 @@ class _Handle:
         self._backend.touch(self._ctx.key_group, self._ctx.key_bytes, expires)
 
 
+#: Types of values a handle may hand out twice: nothing done to them can change state.
+_IMMUTABLE = frozenset({type(None), bool, int, float, str, bytes})
+
+
 class ValueState(_Handle):
     """One value per key."""
+
+    #: The stored bytes last decoded and their value, when it is immutable: a ``get`` in
+    #: a loop decodes once (the bytes object is the same until the next ``set``).
+    _seen: tuple[bytes, Any] | None = None
 
     def get(self, default: Any = None) -> Any:
         table = self._table()
         entry = table.get(self._ctx.key_bytes) if table else None
         if entry is None or not self._alive(entry[1]):
             return default
-        return decode_value(entry[0])
+        data = entry[0]
+        seen = self._seen
+        if seen is not None and seen[0] is data:
+            return seen[1]
+        value = decode_value(data)
+        if type(value) in _IMMUTABLE:
+            self._seen = (data, value)
+        return value
 
     def set(self, value: Any) -> None:
         expires = self._expiry()
