@@ -10,20 +10,13 @@ import random
 import pyarrow as pa
 import pytest
 
-from microbatch.windows import Count, First, Hopping, Last, Max, Mean, Min, Sum, Tumbling
+from microbatch.windows import Count, Hopping, Sum, Tumbling
 from microbatch.windows.aggregate import END, KEY, ORDER, TS
 from microbatch.windows.operator import WindowOperator
+from tests.unit.windows.test_pre_aggregation import MERGEABLE
 
 MIN = 60_000
-AGGREGATES = (
-    Count("n"),
-    Sum("total", "v"),
-    Min("low", "v"),
-    Max("high", "v"),
-    Mean("avg", "v"),
-    First("first", "v"),
-    Last("last", "v"),
-)
+AGGREGATES = MERGEABLE  # each aggregate of the window operator that merges column-wise
 
 
 def events(n: int, seed: int, start: int, keys: list) -> list[dict]:
