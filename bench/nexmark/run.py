@@ -79,6 +79,9 @@ FLINK_PER_CORE = {"q0": 155_000, "q1": 158_000, "q2": 175_000, "q3": 152_000,
 Run = tuple[float, float, str]  # wall seconds, CPU seconds, load at the start
 #: Above this many events both engines read in batches of BATCH_RECORDS (unless given).
 ONE_BATCH_UP_TO, BATCH_RECORDS = 2_000_000, 2_000_000
+#: Spark's heap above ONE_BATCH_UP_TO events: a 2M-record batch of q7's stream-stream join
+#: ran Structured Streaming out of a 1g heap at 10M events.
+BIG_HEAP = "6g"
 
 
 def count_text(n: int) -> str:
@@ -292,6 +295,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     spark = spark_session(settings, "bench-nexmark", conf={
         "spark.sql.shuffle.partitions": str(queries.PARALLELISM),
         "spark.sql.streaming.multipleWatermarkPolicy": "max",
+        "spark.driver.memory": args.driver_memory,
         "spark.ui.enabled": "true",  # the stage metrics of "where the time goes"
         "spark.ui.port": str(free_port_block([0])),
         "spark.ui.host": "127.0.0.1",
@@ -402,7 +406,12 @@ def main(argv: list[str] | None = None) -> None:
         default="auto",
         help="microbatch's KafkaSource(reader=...)",
     )
+    heap = "the Spark JVM's heap (one session, both engines); default: 1g up to "
+    heap += f"{one} events, else {BIG_HEAP} (Structured Streaming's q7 join outgrows 1g at 10M)"
+    parser.add_argument("--driver-memory", default=None, help=heap)
     args = parser.parse_args(argv)
+    if args.driver_memory is None:
+        args.driver_memory = "1g" if args.events <= ONE_BATCH_UP_TO else BIG_HEAP
     args.queries = [q.strip() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in args.queries if q not in queries.QUERIES]
     if unknown:
