@@ -260,12 +260,12 @@ class Dataflow:
                 if not isinstance(strand.origin, int):
                     continue
                 before = found.setdefault(strand.origin, strand.columns)
-                odd = _one_path_only(before, strand.columns)
+                odd = _first_difference(before, strand.columns)
                 if odd is not None:
                     raise ConfigError(
                         f"dataflow {self.name!r}: {self._origin_name(strand.origin)} feeds keyed "
                         f"steps through different column steps ({odd.kind} step {odd.name!r} "
-                        "is on one path only); give every key_by of a source the same "
+                        "is where they part); give every key_by of a source the same "
                         "where()/select() (stage 1 runs a source's column steps once)"
                     )
         return {i: c for i, c in found.items() if c}
@@ -324,13 +324,15 @@ class Dataflow:
         return uid
 
 
-def _one_path_only(one: tuple[ColumnStep, ...], other: tuple[ColumnStep, ...]) -> ColumnStep | None:
-    """A column step of ``one`` or ``other`` that is not the other's (None: the same)."""
-    for step in (*one, *other):
-        if not (any(step is s for s in one) and any(step is s for s in other)):
-            return step
-    if len(one) != len(other) or any(a is not b for a, b in zip(one, other, strict=True)):
-        return one[0]  # the same steps in another order
+def _first_difference(
+    one: tuple[ColumnStep, ...], other: tuple[ColumnStep, ...]
+) -> ColumnStep | None:
+    """The first column step at which ``one`` and ``other`` part (None: the same steps)."""
+    for i in range(max(len(one), len(other))):
+        a = one[i] if i < len(one) else None
+        b = other[i] if i < len(other) else None
+        if a is not b:
+            return a if a is not None else b
     return None
 
 
