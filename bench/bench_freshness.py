@@ -282,7 +282,7 @@ def main() -> int:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYSPARK_PYTHON": sys.executable,
         }  # fmt: skip
-        airflow = AirflowStandalone(home, free_port_block([0]), env)
+        airflow = AirflowStandalone(home, None, env)
         log(f"starting airflow standalone (log: {airflow.log_path}) ...")
         airflow.start()
         try:

@@ -21,7 +21,6 @@ import pytest
 from microbatch.examples.clickstream import ClickstreamConfig
 from microbatch.examples.profile_service import ProfileService
 from microbatch.localstack.airflow import AirflowStandalone
-from microbatch.localstack.process import free_port_block
 from microbatch.localstack.topics import create_topics
 from tests.e2e.harness import REPO, StandaloneAirflow, airflow_env, parse_time, utcnow
 
@@ -138,7 +137,7 @@ def standalone(stack_settings, new_airflow_home, spark_connect):
             "MICROBATCH_SPARK_MASTER": spark_connect.url,
         },
     )
-    airflow = AirflowStandalone(home, free_port_block([0]), env)
+    airflow = AirflowStandalone(home, None, env)
     sa = StandaloneAirflow(
         airflow, username=USERNAME, password=password, config=config, settings=stack_settings
     )

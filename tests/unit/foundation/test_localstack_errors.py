@@ -63,3 +63,65 @@ def test_non_loopback_kafka_is_refused_by_the_local_stack(tmp_path):
 
     with pytest.raises(ServiceError, match="not on loopback"):
         KafkaBroker(settings, tmp_path).start()
+
+
+def test_a_server_whose_port_was_taken_fails_its_start_at_once(tmp_path):
+    """A server whose listener failed to bind but which stays alive (airflow standalone's
+    API server) must fail the start when its log says so, not after the whole timeout."""
+    import sys
+    import time
+
+    from microbatch.localstack.process import PortTakenError, ServiceProcess
+
+    (tmp_path / "server.log").write_text("an earlier start: Address already in use\n")
+    process = ServiceProcess("server", tmp_path)
+    script = (
+        "import time; print('ERROR: [Errno 98] Address already in use', flush=True); "
+        "time.sleep(600)"
+    )
+    started = time.monotonic()
+
+    with pytest.raises(PortTakenError, match=r"server: its port was taken") as err:
+        process.start(
+            [sys.executable, "-c", script],
+            ready=lambda: False,
+            timeout=120,
+            hint="",
+            port_taken_marks=("Address already in use",),
+        )
+
+    assert time.monotonic() - started < 30, "waited for the timeout instead of the log"
+    assert "[Errno 98]" in str(err.value)
+    assert process.pid() is None, "the server that lost its port was left running"
+
+
+def test_an_earlier_starts_port_error_in_the_log_is_not_taken_for_this_ones(tmp_path):
+    import sys
+
+    from microbatch.localstack.process import ServiceProcess
+
+    (tmp_path / "server.log").write_text("an earlier start: Address already in use\n")
+    process = ServiceProcess("server", tmp_path)
+    ready_after = iter([False, False, True])
+
+    pid = process.start(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        ready=lambda: next(ready_after),
+        timeout=60,
+        hint="",
+        port_taken_marks=("Address already in use",),
+    )
+
+    assert pid == process.pid()
+    process.stop()
+
+
+def test_picked_ports_stay_below_the_kernels_ephemeral_range():
+    """Outgoing connections take ports of the ephemeral range: a port picked there can be
+    gone before the service binds it (seen: Airflow's API server, [Errno 98])."""
+    from microbatch.localstack.process import ephemeral_port_floor
+
+    floor = ephemeral_port_floor()
+    for _ in range(50):
+        assert free_port_block([0]) < floor
+        assert free_port_block([0, 1, 2, 3, 4, 10000, 10004]) + 10004 < floor

@@ -41,13 +41,24 @@ from typing import Any
 
 from microbatch.errors import MicrobatchError, ServiceError
 from microbatch.localstack import LocalStack, PostgresServer, stop_on_sigterm
-from microbatch.localstack.process import ServiceProcess, free_port_block, pid_alive, port_is_free
+from microbatch.localstack.process import (
+    PortTakenError,
+    ServiceProcess,
+    free_port_block,
+    pid_alive,
+    port_is_free,
+)
 from microbatch.localstack.topics import create_topics
 from microbatch.settings import Settings
 
 EXAMPLE_DAG = "clickstream"
 PASSWORDS_FILE_VAR = "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 DATABASE_VAR = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+#: The scheduler's and triggerer's task-log servers (fixed 8793, 8794 by default).
+LOG_SERVER_PORT_VARS = (
+    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT",
+    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT",
+)
 #: The database of Airflow's metadata on the local stack's PostgreSQL.
 AIRFLOW_DATABASE = "airflow"
 
@@ -70,10 +81,8 @@ class AirflowStandalone:
     tasks included. The REST helpers raise :class:`AirflowAPIError` with Airflow's answer.
     """
 
-    def __init__(self, home: Path, port: int, env: Mapping[str, str]) -> None:
+    def __init__(self, home: Path, port: int | None, env: Mapping[str, str]) -> None:
         self.home = Path(home)
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
         database = env.get(DATABASE_VAR, "")
         if not database or database.startswith("sqlite"):
             raise ServiceError(
@@ -81,40 +90,63 @@ class AirflowStandalone:
                 "database (on SQLite its scheduler dies when a backfill and other writers "
                 "overlap); the local stack's: PostgresServer.airflow_env(...)"
             )
-        self.env = dict(env) | {
-            "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-        }
+        self.env = dict(env) | {"AIRFLOW_HOME": str(self.home), "AIRFLOW__API__HOST": "127.0.0.1"}
+        #: ``port=None``: a free port of ours, picked again should another process take it
+        #: before the API server binds it. A port the user gave is never changed.
+        self.picks_ports = port is None
+        self._bound_url = "AIRFLOW__API__BASE_URL" not in self.env
+        self._log_ports = [var for var in LOG_SERVER_PORT_VARS if var not in self.env]
+        self._use_ports(free_port_block([0]) if port is None else port)
+        self.process = ServiceProcess("standalone", self.home)
+
+    def _use_ports(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.env["AIRFLOW__API__PORT"] = str(port)
         # Task processes reach the Execution API at ``{base_url}/execution/``; Airflow's
         # default base URL is http://localhost:8080, wrong on any other port.
-        self.env.setdefault("AIRFLOW__API__BASE_URL", self.url)
+        if self._bound_url:
+            self.env["AIRFLOW__API__BASE_URL"] = self.url
         # The scheduler and triggerer serve task logs on fixed ports (8793, 8794) by
         # default: free ones let two instances (``make airflow`` and the tests) coexist.
-        for name in ("WORKER", "TRIGGER"):
-            self.env.setdefault(
-                f"AIRFLOW__LOGGING__{name}_LOG_SERVER_PORT", str(free_port_block([0]))
-            )
-        self.process = ServiceProcess("standalone", self.home)
+        for var in self._log_ports:
+            self.env[var] = str(free_port_block([0]))
 
     @property
     def log_path(self) -> Path:
         return self.process.log_path
 
-    def start(self, timeout: float = 300.0) -> int:
-        """Start and wait until ``/api/v2/version`` answers; returns the pid."""
-        if not port_is_free(self.port):
-            raise ServiceError(
-                f"Airflow: port {self.port} on 127.0.0.1 is in use. Stop the other process, "
-                "or set AIRFLOW__API__PORT to a free port."
-            )
-        return self.process.start(
-            ["airflow", "standalone"],
-            env=self.env,
-            ready=self._api_answers,
-            timeout=timeout,
-            hint="Is the venv's bin on PATH and AIRFLOW_HOME writable?",
-        )
+    def start(self, timeout: float = 300.0, attempts: int = 3) -> int:
+        """Start and wait until ``/api/v2/version`` answers; returns the pid.
+
+        A port taken between our check and the server's bind fails the start at once
+        (not after ``timeout``); with ports of our own picking, up to ``attempts`` starts
+        run on fresh ones.
+        """
+        for attempt in range(1, attempts + 1):
+            if not port_is_free(self.port):
+                if self.picks_ports:
+                    self._use_ports(free_port_block([0]))
+                    continue
+                raise ServiceError(
+                    f"Airflow: port {self.port} on 127.0.0.1 is in use. Stop the other "
+                    "process, or set AIRFLOW__API__PORT to a free port."
+                )
+            try:
+                return self.process.start(
+                    ["airflow", "standalone"],
+                    env=self.env,
+                    ready=self._api_answers,
+                    timeout=timeout,
+                    hint="Is the venv's bin on PATH and AIRFLOW_HOME writable?",
+                    port_taken_marks=("Address already in use", "address already in use"),
+                )
+            except PortTakenError:
+                self.stop()
+                if not self.picks_ports or attempt == attempts:
+                    raise
+                self._use_ports(free_port_block([0]))
+        raise ServiceError(f"Airflow: no free port found in {attempts} attempts")
 
     def _api_answers(self) -> bool:
         with urllib.request.urlopen(f"{self.url}/api/v2/version", timeout=2) as resp:

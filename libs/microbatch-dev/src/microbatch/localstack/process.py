@@ -33,12 +33,27 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port_block(offsets: Sequence[int], start: int = 20000, stop: int = 50000) -> int:
+class PortTakenError(ServiceError):
+    """A service could not bind its port: another process took it after we checked."""
+
+
+def ephemeral_port_floor(default: int = 32768) -> int:
+    """The lowest port the kernel hands to outgoing connections on its own."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def free_port_block(offsets: Sequence[int], start: int = 15000, stop: int | None = None) -> int:
     """A base port ``p`` such that every ``p + offset`` is free on loopback.
 
     Services like SeaweedFS open several ports at fixed offsets from one another (gRPC at
-    +10000), so tests need a whole block rather than one ephemeral port.
+    +10000), so tests need a whole block rather than one ephemeral port. The block stays
+    below the kernel's ephemeral range: there, any outgoing connection (a Kafka client, a
+    Spark executor) could take a port between this check and the service's bind.
     """
+    stop = ephemeral_port_floor() if stop is None else stop
     rng = int.from_bytes(os.urandom(2), "big")
     span = stop - start - max(offsets)
     for attempt in range(200):
@@ -92,13 +107,18 @@ class ServiceProcess:
         timeout: float,
         hint: str,
         user: str | None = None,
+        port_taken_marks: Sequence[str] = (),
     ) -> int:
         """Launch ``argv`` detached and wait until ``ready()`` is true.
 
         ``hint`` is appended to failure messages: what the user can do about it. ``user``
         runs the process as that account (we must be root), for servers that refuse root.
+        A line of this start's log containing one of ``port_taken_marks`` stops the process
+        and raises :class:`PortTakenError` at once: a server whose listener failed to bind
+        may live on without ever becoming ready.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -127,6 +147,12 @@ class ServiceProcess:
             with contextlib.suppress(Exception):
                 if ready():
                     return proc.pid
+            if port_taken_marks and _log_mentions(self.log_path, log_start, port_taken_marks):
+                self.stop()
+                raise PortTakenError(
+                    f"{self.name}: its port was taken while it started. {hint}\n"
+                    f"  last lines of {self.log_path}:\n{tail(self.log_path)}"
+                )
             time.sleep(0.25)
         self.stop()
         raise ServiceError(
@@ -161,6 +187,17 @@ def run_as(user: str | None) -> dict[str, Any]:
     import pwd
 
     return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
+
+
+def _log_mentions(path: Path, offset: int, marks: Sequence[str]) -> bool:
+    """True if the log past ``offset`` (what this start wrote) contains one of ``marks``."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except FileNotFoundError:
+        return False
+    return any(mark in text for mark in marks)
 
 
 def _reap(pid: int) -> bool:
