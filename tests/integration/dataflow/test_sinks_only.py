@@ -22,7 +22,7 @@ from microbatch.runtime import (
     ParquetSink,
     Pipeline,
 )
-from microbatch.runtime.pipeline import tap_values
+from microbatch.runtime.column_plan import tap_values
 from microbatch.sinks import read_parquet_sink
 from tests.integration.runtime.test_batches import new_topic, produce
 

@@ -14,6 +14,7 @@ import pytest
 from microbatch.dataflow import Dataflow, Stream
 from microbatch.errors import ConfigError
 from microbatch.runtime import DeadLetterSink, JsonSchema, KafkaSource, ParquetSink
+from microbatch.runtime.column_plan import columnar_values, tap_values
 from microbatch.runtime.column_taps import tap_tables
 from microbatch.runtime.envelope import (
     DeadLetterDetail,
@@ -21,7 +22,7 @@ from microbatch.runtime.envelope import (
     partition_stats,
     unkeyed_instance,
 )
-from microbatch.runtime.pipeline import Pipeline, columnar_values, tap_values
+from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.steps import sink_only
 from tests.unit.runtime.test_stage_one import kafka_batch

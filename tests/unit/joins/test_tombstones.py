@@ -21,8 +21,8 @@ from microbatch.runtime import (
     KeyedProcessFunction,
     ParquetSink,
 )
+from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.envelope import DeadLetterDetail, decode_payload
-from microbatch.runtime.pipeline import columnar_values
 from microbatch.runtime.stage_one import StageOne
 
 ORDERS, CUSTOMERS = "orders", "customers"

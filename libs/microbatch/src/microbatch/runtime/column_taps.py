@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from microbatch.runtime.column_plan import columnar_values, tap_values
 from microbatch.runtime.columnar import (
     add_dead_letters,
     column_steps,
@@ -35,7 +36,6 @@ from microbatch.runtime.envelope import (
     envelope_schema,
     value_columns,
 )
-from microbatch.runtime.pipeline import columnar_values, tap_values
 
 if TYPE_CHECKING:
     from microbatch.runtime.stage_one import StageOne

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from microbatch.errors import ProcessError
 from microbatch.keygroups import encode_key, key_group_of_bytes
+from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.columns import ColumnStep, ColumnStepFailed, run_columns
 from microbatch.runtime.envelope import (
     RECORD,
@@ -34,7 +35,7 @@ from microbatch.runtime.envelope import (
     envelope_schema,
     value_columns,
 )
-from microbatch.runtime.pipeline import Pipeline, columnar_values
+from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.schema import SCHEMA_MISMATCH, ValueSchema, kind_of
 
 if TYPE_CHECKING:

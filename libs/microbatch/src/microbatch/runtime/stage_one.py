@@ -26,6 +26,7 @@ from microbatch.errors import MicrobatchError, ProcessError, error_text
 from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.runtime.column_plan import columnar_values, record_column_steps
 from microbatch.runtime.column_taps import tap_envelopes
 from microbatch.runtime.columnar import KnownKeys, columnar_envelopes, records_from_columns
 from microbatch.runtime.columns import ColumnStep
@@ -47,14 +48,7 @@ from microbatch.runtime.graph import (
     source_of_topic,
     step_order,
 )
-from microbatch.runtime.pipeline import (
-    KafkaSource,
-    Pipeline,
-    columnar_values,
-    input_of,
-    json_decoder,
-    record_column_steps,
-)
+from microbatch.runtime.pipeline import KafkaSource, Pipeline, input_of, json_decoder
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 from microbatch.runtime.steps import (
     Chain,

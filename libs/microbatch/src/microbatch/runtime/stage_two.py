@@ -42,6 +42,7 @@ from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import instance_runs, restore_instance
 from microbatch.errors import CheckpointError, ProcessError, error_text
 from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key_group_range
+from microbatch.runtime.column_plan import tap_values
 from microbatch.runtime.column_taps import tap_tables
 from microbatch.runtime.columnar import DecodedRecords, batch_records
 from microbatch.runtime.envelope import (
@@ -58,7 +59,7 @@ from microbatch.runtime.envelope import (
 )
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.graph import first_uid, sides
-from microbatch.runtime.pipeline import Pipeline, tap_values
+from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index

@@ -10,7 +10,7 @@ whose function lists that input in ``tombstone_sides`` (the table side of a
 :class:`~microbatch.joins.TableJoin`), straight from the source, with no stateless step
 or sink before it. :func:`check_tombstones` refuses any other use when the pipeline is
 built, naming the source and the step. Such a step always has two inputs, so its records
-travel as payloads (:func:`~microbatch.runtime.pipeline.columnar_values` is None): the
+travel as payloads (:func:`~microbatch.runtime.column_plan.columnar_values` is None): the
 columnar stage-1 path never meets a source with tombstones and keeps dead-lettering
 null values as ``undecodable``.
 """

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.keygroups import decode_key
+from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     ENVELOPE_SCHEMA,
@@ -50,7 +51,7 @@ from microbatch.runtime.envelope import (
     envelope_schema,
     unkeyed_instance,
 )
-from microbatch.runtime.pipeline import Pipeline, columnar_values
+from microbatch.runtime.pipeline import Pipeline
 from microbatch.state import KeyedStateBackend
 from microbatch.windows.aggregate import (
     END,
