@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
@@ -256,7 +257,8 @@ class EnvelopeBuilder:
 
     def rows_batch(self) -> pa.RecordBatch:
         n = len(ENVELOPE_SCHEMA)
-        columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * n
+        # A column at a time: ``zip(*rows)`` costs twice as much on a task's rows.
+        columns = [list(map(itemgetter(i), self.rows)) for i in range(n)]
         arrays = [pa.array(c, f.type) for c, f in zip(columns, ENVELOPE_SCHEMA, strict=True)]
         arrays += [pa.nulls(len(self.rows), f.type) for f in list(self.schema)[n:]]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
