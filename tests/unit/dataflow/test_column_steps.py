@@ -31,7 +31,9 @@ def bid(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
-def build(steps: Any, schema: JsonSchema | None = SCHEMA, key: str = "auction") -> Pipeline:
+def build(
+    steps: Any, schema: JsonSchema | None = SCHEMA, key: str = "auction", **settings: Any
+) -> Pipeline:
     flow = Dataflow(
         "bids",
         checkpoints="/tmp/x",
@@ -39,6 +41,7 @@ def build(steps: Any, schema: JsonSchema | None = SCHEMA, key: str = "auction") 
         dead_letters=DeadLetterSink(path="/tmp/dl"),
         max_parallelism=16,
         parallelism=3,
+        **settings,
     )
     stream: Stream = steps(flow.source(KafkaSource(topics=("t",), value_schema=schema)))
     stream.key_by(key).process(Noop(), uid="noop").to(ParquetSink("out", "/tmp/out"))
@@ -170,10 +173,6 @@ def test_an_arrow_error_at_run_time_fails_the_batch_naming_step_and_partition() 
             r"'source.where-1': comes after the record-wise step 'source.filter-1'",
         ),
         (
-            lambda s: s.where(pc.field("price") > 1).map(lambda b: b),
-            r"map step after the column step 'source.where-1' is not supported yet",
-        ),
-        (
             lambda s: s.key_by("auction").process(Noop(), uid="a").where(pc.field("x") > 1),
             r"not after a keyed step",
         ),
@@ -196,3 +195,89 @@ def test_column_steps_need_a_declared_schema() -> None:
 def test_a_sink_after_column_steps_in_a_dataflow_with_keyed_steps_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"sink 'early' after column steps: in a dataflow with"):
         build(lambda s: s.where(pc.field("price") > 1).to(ParquetSink("early", "/tmp/early")))
+
+
+# Record-wise steps after column steps: the columns kept become records, then map/filter.
+
+WHERE_THEN_MAP = build(
+    lambda s: (
+        s.where(pc.field("price") > 10)
+        .select("auction", "ts", "price")
+        .map(lambda b: {**b, "euros": b["price"] * 0.5})
+        .filter(lambda b: b["auction"] != 3)
+    )
+)
+FILTER_THEN_MAP = build(
+    lambda s: (
+        s.filter(lambda b: b["price"] > 10)
+        .map(lambda b: {"auction": b["auction"], "ts": b["ts"], "price": b["price"]})
+        .map(lambda b: {**b, "euros": b["price"] * 0.5})
+        .filter(lambda b: b["auction"] != 3)
+    ),
+    schema=None,
+)
+
+
+def stage_two_records(pipeline: Pipeline, values: list[bytes | None]) -> list[Any]:
+    rows = StageOne(pipeline, 3, None).envelopes(kafka_batch(values))
+    recs = SortedRecords(pa.Table.from_batches([rows]).filter(pc.field("kind") == "record"))
+    return list(batch_records(pipeline, recs)(0, recs.num_rows))
+
+
+def test_map_and_filter_after_column_steps_give_what_they_give_on_records() -> None:
+    values = [bid(auction=i % 7, bidder=f"b{i}", price=i, ts=1000 + i) for i in range(40)]
+
+    columns, records = envelopes(WHERE_THEN_MAP, values), envelopes(FILTER_THEN_MAP, values)
+
+    assert columnar_values(WHERE_THEN_MAP) is None  # records travel as payloads
+    assert [{c: r[c] for c in ROUTING} for r in columns] == [
+        {c: r[c] for c in ROUTING} for r in records
+    ]
+    kept = [r["offset"] for r in columns if r["kind"] == "record"]
+    assert kept == [100 + i for i in range(11, 40) if i % 7 != 3]
+    expected = stage_two_records(FILTER_THEN_MAP, values)
+    assert stage_two_records(WHERE_THEN_MAP, values) == expected
+    assert expected[0] == {"auction": 0, "ts": 1014, "price": 14, "euros": 7.0}
+
+
+def test_a_map_after_column_steps_that_raises_is_a_dead_letter_with_the_source_bytes() -> None:
+    pipeline = build(
+        lambda s: s.where(pc.field("price") > 1).map(lambda b: {**b, "r": 100 // b["auction"]}),
+        on_process_error="dead_letter",
+    )
+    values = [bid(auction=0, price=5, ts=5), bid(auction=1, price="x", ts=5),
+              bid(auction=2, price=5, ts=5)]  # fmt: skip
+
+    rows = envelopes(pipeline, values)
+
+    assert dead_letters(rows) == {100: "step_failed", 101: "schema_mismatch"}
+    detail = next(DeadLetterDetail.from_payload(r["payload"]) for r in rows
+                  if r["kind"] == "dead_letter" and r["offset"] == 100)  # fmt: skip
+    assert "source.map-1" in detail.error and detail.raw_value == values[0]
+    assert stage_two_records(pipeline, values) == [{"auction": 2, "bidder": None, "price": 5,
+                                                    "ts": 5, "r": 50}]  # fmt: skip
+
+
+def test_a_key_a_map_makes_after_a_select_dropped_it_is_not_refused() -> None:
+    pipeline = build(
+        lambda s: s.select("price", "ts").map(lambda b: {**b, "auction": b["price"] % 3})
+    )
+    values = [bid(auction=9, price=p, ts=5) for p in (4, 5)]
+
+    assert [r["auction"] for r in stage_two_records(pipeline, values)] == [1, 2]
+
+
+def test_record_wise_steps_after_column_steps_before_a_sink_without_keyed_steps_are_refused():
+    flow = Dataflow("bids", checkpoints="/tmp/x")
+    source = flow.source(KafkaSource(topics=("t",), value_schema=SCHEMA))
+    source.where(pc.field("price") > 1).map(lambda b: b).to(ParquetSink("out", "/tmp/out"))
+
+    with pytest.raises(ConfigError, match=r"sink 'out': map/filter/flat_map after where/select"):
+        flow.build()
+
+
+def test_a_filter_after_column_steps_hands_on_the_selected_record_not_the_source_bytes():
+    pipeline = build(lambda s: s.select("auction", "ts").filter(lambda b: b["auction"] > 1))
+    values = [bid(auction=a, bidder="b", price=1, ts=5) for a in (1, 2)]
+
+    assert stage_two_records(pipeline, values) == [{"auction": 2, "ts": 5}]

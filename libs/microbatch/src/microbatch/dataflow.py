@@ -345,13 +345,6 @@ class Stream:
 
     def _then(self, kind: StatelessKind, fn: Callable[[Any], Any], name: str | None) -> Stream:
         n = max(len(s.chain) for s in self._strands) + 1
-        columns = next((s.columns[-1] for s in self._strands if s.columns), None)
-        if columns is not None:
-            raise ConfigError(
-                f"dataflow {self._flow.name!r}: a {kind} step after the column step "
-                f"{columns.name!r} is not supported yet; key the stream first, or express "
-                "the step with where()/select()"
-            )
         origins = [s.origin for s in self._strands]
         if all(isinstance(o, int) for o in origins):
             after = "source"

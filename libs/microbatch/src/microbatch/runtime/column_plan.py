@@ -82,7 +82,7 @@ def check_column_steps(pipeline: Pipeline) -> None:
             f"{where}: sink {taps[0].sink!r} after column steps: in a dataflow with keyed "
             "steps not supported yet (a dataflow of sources and sinks only is)"
         )
-    if pipeline.inputs or pipeline.edges:
+    if pipeline.inputs or pipeline.edges or (pipeline.column_steps and pipeline.prefix):
         check_record_column_steps(pipeline, where)
         return
     if not pipeline.column_steps:
@@ -99,12 +99,6 @@ def check_column_steps(pipeline: Pipeline) -> None:
             f"{where}: {step.kind} step {step.name!r}: column steps run right after the "
             "source, in a dataflow without enrichment"
         )
-    if pipeline.prefix:
-        raise ConfigError(
-            f"{where}: {step.kind} step {step.name!r}: record-wise steps (map, filter, "
-            "flat_map) after column steps are not supported yet; use where() and select() "
-            "only, up to the first key_by"
-        )
     if pipeline.source_taps:
         raise ConfigError(
             f"{where}: {step.kind} step {step.name!r}: sinks fed by the source (before the "
@@ -118,19 +112,21 @@ def check_column_steps(pipeline: Pipeline) -> None:
 def record_column_steps(pipeline: Pipeline) -> dict[int, tuple[ColumnStep, ...]]:
     """Per source index: the column steps stage 1 runs on that source's columns before
     it builds the source's records, in a dataflow whose records travel as payloads
-    (several sources, or a graph); empty for a chain of one source (its records travel
-    as columns) and for sources without column steps."""
+    (several sources, a graph, or record-wise steps after the column steps); empty for a
+    chain of one source without record-wise steps (its records travel as columns) and
+    for sources without column steps."""
     if pipeline.inputs:
         return {i: inp.columns for i, inp in enumerate(pipeline.inputs) if inp.columns}
-    if pipeline.edges and pipeline.column_steps:
+    if (pipeline.edges or pipeline.prefix) and pipeline.column_steps:
         return {0: tuple(pipeline.column_steps)}
     return {}
 
 
 def check_record_column_steps(pipeline: Pipeline, where: str) -> None:
-    """Column steps of several sources, or of a graph's source: each on its source's
-    declared columns, no record-wise step or source sink of that source beside them,
-    and every field a ``key_by`` (by name) of its edges or the event time reads kept."""
+    """Column steps of several sources, of a graph's source, or before record-wise
+    steps: each on its source's declared columns, no source sink of that source beside
+    them, and every field a ``key_by`` (by name) of its edges or the event time reads
+    kept, where no record-wise step comes between."""
     if pipeline.inputs and pipeline.column_steps:
         step = pipeline.column_steps[0]
         raise ConfigError(
@@ -149,12 +145,6 @@ def check_record_column_steps(pipeline: Pipeline, where: str) -> None:
         if pipeline.enrich is not None:
             raise ConfigError(f"{named}: column steps do not run with enrichment")
         edges = edges_from(pipeline, index)
-        chained = [s for e in edges for s in e.chain]
-        if chained:
-            raise ConfigError(
-                f"{named}: record-wise step {chained[0].name!r} after column steps is not "
-                "supported yet; use where() and select() only, up to key_by"
-            )
         taps = [t for t in pipeline.source_taps if t.source in (None, index)]
         if taps:
             raise ConfigError(
@@ -162,9 +152,14 @@ def check_record_column_steps(pipeline: Pipeline, where: str) -> None:
                 "is not supported yet; feed the sink from a keyed step"
             )
         values = output_schema(steps, source.value_schema.arrow_schema, where)
+        # What the keys and the event time read, unless a record-wise step after the
+        # column steps makes the records they read (it may add a field a select dropped).
+        reshaped = bool(pipeline.prefix) or any(e.chain for e in edges)
+        if pipeline.inputs:
+            reshaped = bool(pipeline.inputs[index].prefix) or reshaped
         needed = [(e.key_by, f"key_by of step {e.target!r}") for e in edges
-                  if isinstance(e.key_by, str)]  # fmt: skip
-        if pipeline.event_time is not None:
+                  if isinstance(e.key_by, str) and not e.chain and not pipeline.prefix]  # fmt: skip
+        if pipeline.event_time is not None and not reshaped:
             needed.append((pipeline.event_time.field, "the event time (EventTime field)"))
         for field, reader in needed:
             if field in values.names:
@@ -204,6 +199,12 @@ def check_sink_only(pipeline: Pipeline, where: str) -> None:
         )
     columns = [t for t in pipeline.source_taps if t.columns]
     record_wise = [t for t in pipeline.source_taps if t.chain]
+    both = [t for t in columns if t.chain]
+    if both:
+        raise ConfigError(
+            f"{where}: sink {both[0].sink!r}: map/filter/flat_map after where/select in a "
+            "dataflow without keyed steps is not supported yet; use one kind of step"
+        )
     if columns and record_wise:
         raise ConfigError(
             f"{where}: sink {columns[0].sink!r} takes columns (where/select) and sink "

@@ -700,6 +700,8 @@ class _SourceBytes:
 def payload_decoder(pipeline: Pipeline) -> Any:
     """How stage 2 turns a record's payload back into the record (see ``add_record``)."""
     changed = pipeline.prefix and not filters_only(pipeline.prefix)
-    if pipeline.enrich is not None or changed or pipeline.inputs or pipeline.edges:  # not raw
+    if changed or (pipeline.prefix and pipeline.column_steps):  # records built from columns
+        return decode_payload
+    if pipeline.enrich is not None or pipeline.inputs or pipeline.edges:  # not raw
         return decode_payload
     return source_decoder(pipeline)
