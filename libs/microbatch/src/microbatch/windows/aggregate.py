@@ -313,9 +313,11 @@ def pre_aggregable(aggregates: Sequence[Aggregate]) -> bool:
     )
 
 
-def _needs(
+def arrow_needs(
     aggregates: Sequence[Aggregate], carry: Sequence[tuple[str, str]] = ()
 ) -> list[tuple[str, str]]:
+    """The (column, Arrow aggregate function) pairs that the partials of ``aggregates``
+    (and ``carry``) are computed from, each once, in a fixed order."""
     return sorted({*(n for a in aggregates for n in a.needs()), *carry})
 
 
@@ -331,7 +333,7 @@ def partial_table(
     plus :data:`FIRST_TS` and :data:`FIRST_ORDER`. ``table`` has the columns :data:`KEY`,
     :data:`START`, :data:`TS` (event time, ms), :data:`ORDER` (the record's source order,
     comparable across batches) and the aggregated columns."""
-    needs = _needs(aggregates, [*carry, (TS, "first"), (ORDER, "first")])
+    needs = arrow_needs(aggregates, [*carry, (TS, "first"), (ORDER, "first")])
     ordered = table.sort_by(
         [(KEY, "ascending"), (START, "ascending"), (TS, "ascending"), (ORDER, "ascending")]
     )
@@ -345,7 +347,7 @@ def merge_table(
     """Tables of partials (:func:`partial_table`'s, concatenated in any order) merged into
     one row per (key, window), named as :func:`partial_table` names them: what one
     group-by over all their records would give. Needs :func:`mergeable` aggregates."""
-    needs = _needs(aggregates, [*carry, (TS, "first"), (ORDER, "first")])
+    needs = arrow_needs(aggregates, [*carry, (TS, "first"), (ORDER, "first")])
     late_cols = [f"{c}_{fn}" for c, fn in needs if fn == "last"]
     early = [(f"{c}_{fn}", _MERGE[fn]) for c, fn in needs if fn != "last"]
     by_first = table.sort_by(

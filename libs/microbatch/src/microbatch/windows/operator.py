@@ -40,7 +40,7 @@ from microbatch.windows.aggregate import (
     START,
     TS,
     Aggregate,
-    _needs,
+    arrow_needs,
     merge_partials,
     merge_table,
     mergeable,
@@ -101,7 +101,7 @@ class WindowOperator:
         cross the exchange (:func:`~microbatch.windows.python_merge.encode_accumulators`)."""
         if not table.num_rows:
             return None, []
-        reads = {KEY, TS, ORDER, *(column for column, _ in _needs(self.aggregates, carry))}
+        reads = {KEY, TS, ORDER, *(column for column, _ in arrow_needs(self.aggregates, carry))}
         table = table.select([c for c in table.column_names if c in reads])  # no other field
         pane = pane_ms(self.spec, self.aggregates, table.schema)
         if pane is not None:
