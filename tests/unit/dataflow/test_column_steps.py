@@ -18,7 +18,7 @@ from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.columnar import batch_records
 from microbatch.runtime.envelope import DeadLetterDetail, partition_stats
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.stage_one import StageOne
+from microbatch.runtime.stage_one import StageOne, event_time_ms
 from microbatch.runtime.stage_two import SortedRecords
 from tests.unit.runtime.test_stage_one import Noop, kafka_batch
 
@@ -281,3 +281,24 @@ def test_a_filter_after_column_steps_hands_on_the_selected_record_not_the_source
     values = [bid(auction=a, bidder="b", price=1, ts=5) for a in (1, 2)]
 
     assert stage_two_records(pipeline, values) == [{"auction": 2, "ts": 5}]
+
+
+def test_a_computed_event_time_that_is_not_finite_is_a_bad_event_time_dead_letter() -> None:
+    # price 2: 2e301, beyond int64; 10: inf; -10: -inf
+    huge = pc.power(pc.field("price").cast(pa.float64()), 1001.0)
+    pipeline = build(lambda s: s.select("auction", ts=pc.field("ts").cast(pa.float64()) + huge))
+    prices = ((0, 5000), (2, 5000), (10, 0), (-10, 0), (1, 8000))
+    values = [bid(auction=1, price=p, ts=t) for p, t in prices]
+
+    rows = envelopes(pipeline, values)
+
+    assert dead_letters(rows) == {101: "bad_event_time", 102: "bad_event_time",
+                                  103: "bad_event_time"}  # fmt: skip
+    assert [r["event_ts"] for r in rows if r["kind"] == "record"] == [5000, 8001]
+
+
+def test_an_event_time_out_of_int64s_range_is_not_an_epoch_ms() -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        event_time_ms(2**63)
+    assert event_time_ms(2**63 - 1) == 2**63 - 1
+    assert event_time_ms(-(2**63)) == -(2**63)

@@ -439,7 +439,7 @@ def _event_times(
 ) -> np.ndarray | None:
     """Each row's event time in epoch ms (None without event time); marks in ``slow``
     (in place) the rows the per-record path must judge: a null, an ISO-8601 string, a
-    number that is not finite, a record that may be late (behind ``late_before``;
+    number out of int64's range (inf, nan), a record that may be late (behind ``late_before``;
     windows judge lateness per window)."""
     et = stage.pipeline.event_time
     if et is None:
@@ -452,9 +452,10 @@ def _event_times(
         slow |= True
         return np.zeros(table.num_rows, dtype=np.int64)
     slow |= column.is_null().to_numpy(zero_copy_only=False)
-    if pa.types.is_floating(column.type):
-        slow |= ~pc.is_finite(column.fill_null(0.0)).to_numpy(zero_copy_only=False)
-        column = pc.if_else(pc.is_finite(column), column, 0.0)
+    if pa.types.is_floating(column.type):  # int64's range; inf and nan are not in it
+        fits = pc.less(pc.abs(column.fill_null(0.0)), float(2**63))
+        slow |= ~fits.to_numpy(zero_copy_only=False)
+        column = pc.if_else(fits, column, 0.0)
     ts = pc.cast(column.fill_null(0), pa.int64(), safe=False).to_numpy()
     ts = np.array(ts, dtype=np.int64)  # writable
     if late_before is not None:

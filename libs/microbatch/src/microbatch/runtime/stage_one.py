@@ -104,6 +104,8 @@ def event_time_ms(value: object) -> int:
     if isinstance(value, int | float):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"event time must be a finite number of ms, got {value!r}")
+        if not -(2**63) <= value < 2**63:
+            raise ValueError(f"event time {value!r} ms is out of range (64-bit epoch ms)")
         return int(value)
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
