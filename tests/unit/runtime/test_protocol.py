@@ -34,6 +34,7 @@ from microbatch.runtime.schema import JsonSchema
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.windowed import exchange_schema
+from microbatch.runtime.wire import tags_of
 from microbatch.settings import Settings
 from microbatch.sinks import parquet as ps
 from microbatch.sinks import read_parquet_sink
@@ -111,8 +112,8 @@ class InProcess:
         if has_input(plan, pending):
             process = StageOne(stage.pipeline, stage.parallelism, watermark, stage.crash_at)
             kafka = pa.RecordBatch.from_pydict(rows)
-            for batch in process([kafka]):
-                table = pa.Table.from_batches([batch])
+            for batch in process([kafka]):  # as it crosses the exchange: kind, topic coded
+                table = tags_of(stage.pipeline).from_wire(pa.Table.from_batches([batch]))
                 for i in range(stage.parallelism):
                     by_instance[i].append(
                         table.filter(pa.compute.equal(table.column("instance"), i))

@@ -39,6 +39,7 @@ from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.spine import step_instance, step_results, step_stages
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import StageTwo
+from microbatch.runtime.wire import tags_of
 from microbatch.settings import Settings
 from microbatch.sinks import read_parquet_sink
 from tests.unit.runtime.test_protocol import InProcess, Log
@@ -74,7 +75,8 @@ class PerPartition(InProcess):
             )  # fmt: skip
             ranges.append(pa.RecordBatch.from_pydict(dict(zip(SOURCE_COLUMNS, cols, strict=True))))
         process = StageOne(stage.pipeline, stage.parallelism, watermark, stage.crash_at)
-        return [pa.Table.from_batches([b]) for b in process(ranges)]
+        tags = tags_of(stage.pipeline)  # stage 1's rows as they cross the exchange, read back
+        return [tags.from_wire(pa.Table.from_batches([b])) for b in process(ranges)]
 
     def execute(
         self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
@@ -111,7 +113,7 @@ class PerPartition(InProcess):
                 ]
                 out.extend(pa.Table.from_batches([b]) for b in body(iter(mine)) if b.num_rows)
             rows = out
-        results = pa.concat_tables(rows)
+        results = tags_of(stage.pipeline).from_wire(pa.concat_tables(rows))
         results = results.filter(pc.equal(results.column("kind"), RESULT)).to_pylist()
         first, steps = step_results(results, stage)
         return Execution(merged_results(first, steps), None, steps)

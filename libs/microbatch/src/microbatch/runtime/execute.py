@@ -34,6 +34,7 @@ from microbatch.runtime.spine import spine_frame, step_results
 from microbatch.runtime.stage_one import ReadingStageOne, StageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
 from microbatch.runtime.windowed import exchange_schema
+from microbatch.runtime.wire import tags_of
 from microbatch.settings import Settings
 
 if TYPE_CHECKING:
@@ -110,16 +111,9 @@ class SparkExecutor:
             return self.execute_dataflow(plan, stage, pending, watermark)
         if not has_input(plan, pending):
             return Execution(self._collect(self._ticks_only(stage), stage), None)
-        from pyspark.sql.pandas.types import from_arrow_schema
-
         process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
         envelopes, reader = self.stage_one(plan, process, pending)
-        # The envelope schema, not the one pandas infers: all-null integer columns would
-        # come out as doubles and widen the union's (a dead letter's offset "794.0").
-        schema = exchange_schema(self.pipeline)
-        tick_rows = self.spark.createDataFrame(
-            ticks(range(stage.parallelism), schema).to_pandas(), schema=from_arrow_schema(schema)
-        )
+        tick_rows = self._tick_rows(stage)
         ticked = envelopes.unionByName(tick_rows)
         # Partition i holds instance i (a hash could put two in one task), and all of it:
         # mapInArrow over it is the group, without the sort a groupBy adds.
@@ -135,12 +129,7 @@ class SparkExecutor:
     ) -> Execution:
         """Stage 1, then every keyed step with its exchange, in one job (:mod:`.spine`);
         also without input, since timers of one step may feed the next."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        schema = exchange_schema(self.pipeline)
-        rows = self.spark.createDataFrame(
-            ticks(range(stage.parallelism), schema).to_pandas(), schema=from_arrow_schema(schema)
-        )
+        rows = self._tick_rows(stage)
         reader = None
         if has_input(plan, pending):
             process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
@@ -158,7 +147,8 @@ class SparkExecutor:
         it) and the reader that reads the planned ranges."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        envelope_type = from_arrow_schema(exchange_schema(self.pipeline))
+        tags = tags_of(self.pipeline)
+        envelope_type = from_arrow_schema(tags.wire_schema(exchange_schema(self.pipeline)))
         envelopes, reader = self.read_planned(plan, process, envelope_type)
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
@@ -205,6 +195,18 @@ class SparkExecutor:
         reading = ReadingStageOne(process, bootstrap, config, client=reader)
         return descriptors.mapInArrow(reading, envelope_type), reader
 
+    def _tick_rows(self, stage: StageTwo) -> Any:
+        """A ``tick`` row per instance, as stage 1's rows cross the exchange: so every
+        instance runs (and fires its timers) without input."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        tags = tags_of(self.pipeline)
+        schema = tags.wire_schema(exchange_schema(self.pipeline))
+        rows = tags.to_wire(ticks(range(stage.parallelism), exchange_schema(self.pipeline)))
+        # The exchange schema, not the one pandas infers: all-null integer columns would
+        # come out as doubles and widen the union's (a dead letter's offset "794.0").
+        return self.spark.createDataFrame(rows.to_pandas(), schema=from_arrow_schema(schema))
+
     def _ticks_only(self, stage: StageTwo) -> list[Any]:
         """Stage 2 of a batch without input: each instance gets only its tick, so one task
         per instance (``spark.range`` with one row per slice) and no shuffle — a single
@@ -241,7 +243,8 @@ def _per_instance(
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(batches)
-        table = pa.Table.from_batches(received) if received else None
+        wired = pa.Table.from_batches(received) if received else None
+        table = None if wired is None else tags_of(stage.pipeline).from_wire(wired)
         instances = [] if table is None else pc.unique(table.column("instance")).to_pylist()
         if len(instances) != 1 or table is None:  # every partition holds its tick
             raise BatchError(

@@ -27,6 +27,7 @@ from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
+from microbatch.runtime.wire import tags_of
 
 Body = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -41,7 +42,7 @@ def spine_frame(rows: Any, stage: StageTwo) -> Any:
     the DataFrame of all steps' ``result`` rows, not yet computed."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    plain = from_arrow_schema(ENVELOPE_SCHEMA)
+    plain = from_arrow_schema(tags_of(stage.pipeline).wire_schema(ENVELOPE_SCHEMA))
     for step in step_stages(stage):
         rows = rows.repartitionById(stage.parallelism, "instance").mapInArrow(
             step_instance(step), plain
@@ -50,14 +51,20 @@ def spine_frame(rows: Any, stage: StageTwo) -> Any:
 
 
 def step_instance(stage: StageTwo) -> Body:
-    """The mapInArrow body of one keyed step over one partition: one whole instance."""
+    """The mapInArrow body of one keyed step over one partition: one whole instance;
+    its rows in and out as they cross the exchanges (:mod:`.wire`)."""
+    tags = tags_of(stage.pipeline)
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for rows in _rows_of_instance(batches):
+            yield from tags.to_wire(rows).to_batches()
+
+    def _rows_of_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
         received = list(batches)
         # The first step's rows may carry the value columns stage 1 decoded (a declared
         # schema): the step reads them; what it hands on is the envelope alone.
         full = (
-            pa.Table.from_batches(received)
+            tags.from_wire(pa.Table.from_batches(received))
             if received
             else pa.Table.from_batches([], schema=ENVELOPE_SCHEMA)
         )
@@ -78,11 +85,11 @@ def step_instance(stage: StageTwo) -> Body:
         with gc_paused():  # as a single-operator pipeline's stage 2 (StageTwo.__call__)
             result, router = stage.run_step(instance, own)
             forward = None if stage.is_last else router.forward_rows()
-        yield from table.filter(earlier).to_batches()
-        yield result_row(stage.step or "", result)
+        yield table.filter(earlier)
+        yield pa.Table.from_batches([result_row(stage.step or "", result)])
         if forward is None:
             return
-        yield forward
+        yield pa.Table.from_batches([forward])
         if instance == 0:
             stats = table.filter(pc.equal(table.column("kind"), STAT))
             for j in range(stage.parallelism):
@@ -91,8 +98,8 @@ def step_instance(stage: StageTwo) -> Body:
                     "instance",
                     pa.array([j] * stats.num_rows, pa.int32()),
                 )
-                yield from copy.to_batches()
-            yield from ticks(range(stage.parallelism)).to_batches()
+                yield copy
+            yield ticks(range(stage.parallelism))
 
     return per_instance
 
@@ -125,9 +132,10 @@ def step_results(
     """The collected ``result`` rows as the first step's results and each further step's,
     in instance order; refused unless every step reported every instance once."""
     by_step: dict[str, list[InstanceResult]] = {}
+    tags = tags_of(stage.pipeline)
     for r in rows:
         body = json.loads(bytes(r["payload"]))
-        by_step.setdefault(r["topic"], []).append(InstanceResult.from_json(body))
+        by_step.setdefault(tags.topic_of(r["topic"]), []).append(InstanceResult.from_json(body))
     expected = list(range(stage.parallelism))
     out: dict[str, tuple[InstanceResult, ...]] = {}
     for step in step_stages(stage):

@@ -60,6 +60,7 @@ from microbatch.runtime.steps import (
     sink_only,
 )
 from microbatch.runtime.tombstones import sources_of
+from microbatch.runtime.wire import tags_of
 
 if TYPE_CHECKING:
     from microbatch.enrich import Output
@@ -358,16 +359,18 @@ class StageOne:
             raise _Bad("undecodable", error_text(e)) from e
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none)."""
+        """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none), as
+        they cross the exchange (:mod:`.wire`)."""
         where = f"pipeline {self.pipeline.name!r} stage 1"
+        tags = tags_of(self.pipeline)
         if self.pipeline.enrich is None:
             for batch in batches:
-                yield self.envelopes(batch)
+                yield tags.to_wire(self.envelopes(batch))
                 crash_if(self.crash_at, "during_read", where)
             return
         with gc_paused():  # a Kafka read in this task too: it allocates as much as the rest
             out = self.enriched(list(batches))
-        yield out
+        yield tags.to_wire(out)
         crash_if(self.crash_at, "during_read", where)
 
     def envelopes(self, batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -67,6 +67,7 @@ from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import carries_partials, run_partials, run_windows
+from microbatch.runtime.wire import tags_of
 from microbatch.settings import Settings
 from microbatch.sinks import StageContext
 from microbatch.state import KeyedStateBackend
@@ -237,6 +238,7 @@ class StageTwo:
 
     def __call__(self, key: tuple[Any, ...], table: pa.Table) -> pa.Table:
         instance = key[0].as_py() if hasattr(key[0], "as_py") else int(key[0])
+        table = tags_of(self.pipeline).from_wire(table)
         with gc_paused():
             result = self.run(instance, table)
         return pa.table(
