@@ -27,8 +27,9 @@ from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
 from microbatch.runtime.column_plan import columnar_values, record_column_steps
+from microbatch.runtime.column_records import records_from_columns
 from microbatch.runtime.column_taps import tap_envelopes
-from microbatch.runtime.columnar import KnownKeys, columnar_envelopes, records_from_columns
+from microbatch.runtime.columnar import KnownKeys, columnar_envelopes
 from microbatch.runtime.columns import ColumnStep
 from microbatch.runtime.envelope import (
     OUTPUT,
