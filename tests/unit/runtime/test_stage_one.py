@@ -238,3 +238,13 @@ def test_a_dead_letter_after_enrichment_carries_its_source_bytes_from_the_first_
     assert sources.get(("t", 1, 9)) == (None, b"v9")  # the first lookup builds the index
     assert sources.get(["t", 0, 7]) == (b"k7", b"v7")
     assert sources.get(("t", 0, 8)) is None
+
+
+def test_an_event_time_beyond_int64_is_a_bad_event_time_not_a_failed_task() -> None:
+    values = [json.dumps({"user": "a", "ts": t}).encode() for t in (2**63 - 1, 2**63, -(2**70))]
+    out = StageOne(PIPE, parallelism=3, watermark=None).envelopes(kafka_batch(values))
+
+    rows = [r for r in out.to_pylist() if r["kind"] != "stat"]
+    assert [r["event_ts"] for r in rows if r["kind"] == "record"] == [2**63 - 1]
+    reasons = [DeadLetterDetail.from_payload(r["payload"]).reason for r in rows[1:]]
+    assert reasons == ["bad_event_time", "bad_event_time"]
