@@ -44,7 +44,7 @@ from microbatch.errors import CheckpointError, ProcessError, error_text
 from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key_group_range
 from microbatch.runtime.column_plan import tap_values
 from microbatch.runtime.column_taps import tap_tables
-from microbatch.runtime.columnar import DecodedRecords, batch_records
+from microbatch.runtime.columnar import PayloadRuns, batch_records
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     OUTPUT,
@@ -408,7 +408,7 @@ class StageTwo:
             records_of = batch_records(pipeline, recs)
         else:  # records handed on by the step before: always payloads
             payloads = recs.column("payload").to_pylist()
-            records_of = lambda i, j: DecodedRecords(decode_payloads(payloads[i:j]))  # noqa: E731
+            records_of = PayloadRuns(payloads, decode_payloads)
         side_of = sides(pipeline, self.step if self.step is not None else first_uid(pipeline))
         if side_of is not None:  # a join: each record with the side it came in on
             record_sides = recs.sides(side_of)
