@@ -14,7 +14,8 @@ the watermark — a window, an auction's close — is emitted once the watermark
   (:class:`Each`, keyed by auction) after a record-wise filter.
 - q3 local item suggestion: auctions of category 10 ⋈ their sellers in OR, ID or CA — a
   :class:`~microbatch.joins.TableJoin` (the sellers are the table: the generator only
-  gives an auction a seller whose person event came before it).
+  gives an auction a seller whose person event came before it), without event time (as
+  Spark's q3 has no watermark): no time is read and none is kept in the table's state.
 - q4 average closing price per category: auction ⋈ bid per auction (:class:`Winning`:
   the highest bid between the auction's ``date_time`` and ``expires``, emitted when the
   watermark passes ``expires``), re-keyed by category (:class:`Average`).
@@ -177,13 +178,13 @@ SELLER_STATES = ("or", "id", "ca")
 
 
 def q3(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
-    flow = new_flow(name, root)
+    flow = new_flow(name, root, timed=False)  # a table join needs no event time
     auctions = flow.source(source(topics.auction, "auction", reading))
     people = flow.source(source(topics.person, "person", reading))
     if reading.schema:  # filtered on the columns; records of the fields the join reads only
-        auctions = auctions.where(pc.field("category") == 10).select("id", "seller", "date_time")
+        auctions = auctions.where(pc.field("category") == 10).select("id", "seller")
         sellers = people.where(pc.field("state").isin(SELLER_STATES)).select(
-            "id", "name", "city", "state", "date_time"
+            "id", "name", "city", "state"
         )
     else:
         auctions = auctions.filter(lambda a: a["category"] == 10)

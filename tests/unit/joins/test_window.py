@@ -11,7 +11,7 @@ import pytest
 
 from microbatch import windows
 from microbatch.errors import ConfigError
-from microbatch.joins import WindowJoin, closing
+from microbatch.joins import WindowJoin
 from microbatch.testing import ProcessHarness, sided
 from microbatch.windows import Hopping, Session, Tumbling
 from tests.unit.joins.streams import (
@@ -169,18 +169,22 @@ def test_bad_definitions_are_refused_when_built(kwargs, message):
     assert message in str(e.value)
 
 
-# Windows that close in the batch their records came in wait in memory, not in state -----
+# A window that closes in the batch its records came in is emitted by process ----------
 
 
 def pairs_of(emitted):
     return [(o["id"], o["id_right"], o["window_start"]) for o in emitted]
 
 
-@pytest.mark.parametrize("most_held", [closing.MOST_HELD, 3, 0])
-def test_a_window_closing_in_its_own_batch_emits_as_if_its_records_had_waited_in_state(
-    most_held, monkeypatch
-):
-    monkeypatch.setattr(closing, "MOST_HELD", most_held)  # 3, 0: the rest go through state
+def by_window(pairs):
+    """Each window's pairs, in the order emitted (ids ``L<key>..``/``R<key>..``)."""
+    out = collections.defaultdict(list)
+    for lid, rid, s in pairs:
+        out[lid[1], s].append((lid, rid))
+    return dict(out)
+
+
+def test_a_window_closing_in_its_own_batch_emits_as_if_its_records_had_waited_in_state():
     spec = Hopping(300, 100)
     first = sided([rec("a", 150, "La0"), rec("b", 120, "Lb0")], [rec("a", 160, "Ra0")])
     second = sided(
@@ -191,15 +195,28 @@ def test_a_window_closing_in_its_own_batch_emits_as_if_its_records_had_waited_in
     waited.batch(first, watermark=0)
     waited.batch(second, watermark=0)  # every window still open: all in state
     in_state = waited.batch([], watermark=FLUSH).emitted
-    held = ProcessHarness(WindowJoin("ts", "ts", spec), max_parallelism=8, parallelism=2)
-    held.batch(first, watermark=0)
-    in_memory = held.batch(second, watermark=FLUSH).emitted  # close in the same batch
-    assert pairs_of(in_memory) == pairs_of(in_state)  # the same pairs in the same order
-    assert ("La0", "Ra1", 0) in pairs_of(in_memory)  # a window's records from both batches
-    assert held.keys_with_state() == waited.keys_with_state() == []
+    direct = ProcessHarness(WindowJoin("ts", "ts", spec), max_parallelism=8, parallelism=2)
+    direct.batch(first, watermark=0)
+    at_once = direct.batch(second, watermark=FLUSH).emitted  # close in the same batch
+    # the same pairs, each window's in the same order (the windows in key order)
+    assert by_window(pairs_of(at_once)) == by_window(pairs_of(in_state))
+    assert len(at_once) == len(in_state)
+    assert ("La0", "Ra1", 0) in pairs_of(at_once)  # a window's records from both batches
+    assert direct.keys_with_state() == waited.keys_with_state() == []
 
 
-def test_records_held_by_a_failed_batch_never_reach_a_later_one():
+def test_a_window_closing_in_its_batch_is_emitted_by_process_without_a_timer():
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=pair_ids))
+    out = harness.batch(
+        sided([rec("k", 10, "L1"), rec("k", 20, "L2")], [rec("k", 30, "R1"), rec("k", 5, "R0")]),
+        watermark=100,
+    )
+    assert out.emitted == (("L1", "R0"), ("L1", "R1"), ("L2", "R0"), ("L2", "R1"))
+    assert out.timers_fired == 0  # emitted by process: no state, no timer
+    assert harness.keys_with_state() == []
+
+
+def test_a_batch_that_failed_leaves_nothing_for_a_later_one():
     failed: list[str] = []
 
     def select(left, right):
@@ -211,7 +228,7 @@ def test_records_held_by_a_failed_batch_never_reach_a_later_one():
     harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=select))
     start = harness.checkpoint()
     with pytest.raises(RuntimeError, match="select failed once"):
-        # a's window [0, 100) fires first and fails; b's [100, 200) was held for its timer
+        # a's window [0, 100) is emitted first and fails; b's [100, 200) would come next
         harness.batch(
             sided([rec("a", 10, "boom"), rec("b", 110, "L-gone")],
                   [rec("a", 20, "R"), rec("b", 120, "R-gone")]),
@@ -233,10 +250,7 @@ def test_a_join_that_ran_still_pickles_and_copies():
         assert again.emitted == (("L", "R"),)
 
 
-# A window closing in its batch with records on one side only is dropped in process -----
-
-
-def test_a_window_that_closes_with_one_side_only_needs_no_timer_and_leaves_nothing():
+def test_a_window_that_closes_in_its_batch_needs_no_timer_and_leaves_nothing():
     harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=pair_ids))
     out = harness.batch(
         sided([rec("alone", 10, "L"), rec("both", 20, "L1"), rec("both", 30, "L2")],
@@ -244,16 +258,16 @@ def test_a_window_that_closes_with_one_side_only_needs_no_timer_and_leaves_nothi
         watermark=100,
     )  # fmt: skip
     assert out.emitted == (("L1", "R"), ("L2", "R"))
-    assert out.timers_fired == 1  # only the window with both sides waits for its timer
+    assert out.timers_fired == 0
     assert harness.keys_with_state() == []
 
 
-def test_a_one_sided_window_drops_its_earlier_records_and_timer_but_pairs_if_both_sides():
+def test_a_closing_window_takes_its_earlier_records_from_state_and_deletes_their_timer():
     harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=pair_ids))
     harness.batch(sided([rec("k", 10, "L0"), rec("j", 10, "J0")], []), watermark=0)
     assert harness.state("k") == {"left": {0: [{"id": "L0", "ts": 10}]}, "timers": [100]}
     # k: more left records only, the window closes: dropped; j: a right record pairs it
     out = harness.batch(sided([rec("k", 20, "L1")], [rec("j", 30, "R1")]), watermark=100)
     assert out.emitted == (("J0", "R1"),)
-    assert out.timers_fired == 1
+    assert out.timers_fired == 0  # both windows' timers deleted by process
     assert harness.keys_with_state() == []

@@ -65,6 +65,8 @@ class EventTimeOf:
                 raise RecordTimeError(
                     "bad_event_time", f"{self._label} raised {type(e).__name__}: {e}"
                 ) from e
+        if type(raw) is int:  # epoch ms already: most records, read without a call
+            return raw
         if raw is None:
             raise RecordTimeError("missing_event_time", f"record has no event time ({self._label})")
         try:
