@@ -94,13 +94,15 @@ def test_browser_logs_in_and_sees_the_checkpoint_and_the_run(
     chrome.get(f"{standalone.url}/dags/{DAG_ID}")
     cell = wait.until(ec.presence_of_element_located((By.ID, f"grid-{run_id}-batch")))
     assert cell.get_attribute("href").endswith(f"/dags/{DAG_ID}/runs/{run_id}/tasks/batch")
-    assert chrome.find_element(By.ID, f"grid-{run_id}-new_data")
+    assert wait.until(ec.presence_of_element_located((By.ID, f"grid-{run_id}-new_data")))
     screenshot(chrome, tmp_path, "3-dag-grid")
 
     chrome.get(f"{standalone.url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}")
     state = (By.CSS_SELECTOR, "[data-testid=state-badge]")
     wait.until(ec.text_to_be_present_in_element(state, "Success"))
-    assert chrome.find_element(By.ID, f"grid-{run_id}-batch")
+    # The run page renders its badge and its grid from separate requests: either may come
+    # first, so the grid's cell is waited for too, not looked up once.
+    assert wait.until(ec.presence_of_element_located((By.ID, f"grid-{run_id}-batch")))
     assert run_id in chrome.find_element(By.TAG_NAME, "body").text
     screenshot(chrome, tmp_path, "4-dag-run")
 
