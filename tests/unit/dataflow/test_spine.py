@@ -5,33 +5,62 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from microbatch.dataflow import Dataflow
+from microbatch.runtime import EventTime, KafkaSource, ParquetSink, Pipeline
 from microbatch.runtime.envelope import DEAD_LETTER, ENVELOPE_SCHEMA, RECORD, STAT
 from microbatch.runtime.spine import rows_for_later
+from microbatch.runtime.wire import Tags, tags_of
+from tests.unit.runtime.test_stage_one import Noop
 
 
-def rows(*kind_topic: tuple[str, str | None]) -> pa.Table:
+def graph() -> Pipeline:
+    """orders -> totals, re-keyed and joined with payments in ledger."""
+    flow = Dataflow("spine", checkpoints="/tmp/spine", event_time=EventTime("ts"))
+    orders = flow.source(KafkaSource(topics=("orders",))).key_by("account")
+    payments = flow.source(KafkaSource(topics=("payments",))).key_by("account")
+    totals = orders.process(Noop(), uid="totals")
+    joined = totals.key_by("account").join(payments, Noop(), uid="ledger")
+    joined.to(ParquetSink("o", "/tmp/o"))
+    return flow.build()
+
+
+def rows(tags: Tags, *kind_topic: tuple[str, str | None]) -> pa.Table:
+    """Envelope rows as they cross an exchange: ``kind`` and ``topic`` as codes."""
     n = len(kind_topic)
     cols = {f.name: pa.nulls(n, f.type) for f in ENVELOPE_SCHEMA}
     cols["kind"] = pa.array([k for k, _ in kind_topic], pa.string())
     cols["topic"] = pa.array([t for _, t in kind_topic], pa.string())
-    return pa.table(cols, schema=ENVELOPE_SCHEMA)
+    return tags.to_wire(pa.table(cols, schema=ENVELOPE_SCHEMA))
 
 
 def test_records_for_later_steps_ride_on_and_everything_else_stays() -> None:
+    tags = tags_of(graph())
     table = rows(
+        tags,
         (RECORD, "orders"),  # the first step's, from the source
-        (RECORD, "payments>sides"),  # a source's records for a later step
+        (RECORD, "payments>ledger"),  # a source's records for a later step
         (RECORD, "@totals>ledger"),
         (DEAD_LETTER, None),  # a dead letter of a step: no source coordinates
         (STAT, "orders"),
     )
-    first = rows_for_later(table, None)
+    first = rows_for_later(table, None, tags)
     assert first is not None and first.to_pylist() == [False, True, True, False, False]
-    ledger = rows_for_later(table, "ledger")
-    assert ledger is not None and ledger.to_pylist() == [True, True, False, False, False]
+    ledger = rows_for_later(table, "ledger", tags)
+    assert ledger is not None and ledger.to_pylist() == [False, False, False, False, False]
     kept = table.filter(pc.invert(ledger))
-    assert DEAD_LETTER in kept.column("kind").to_pylist(), "a dead letter was dropped"
+    assert DEAD_LETTER in tags.from_wire(kept).column("kind").to_pylist(), (
+        "a dead letter was dropped"
+    )
 
 
-def test_a_chain_without_rows_for_later_steps_keeps_every_row() -> None:
-    assert rows_for_later(rows((RECORD, "orders"), (DEAD_LETTER, None)), None) is None
+def test_a_chain_keeps_every_row_for_its_own_step() -> None:
+    flow = Dataflow("chain", checkpoints="/tmp/chain", event_time=EventTime("ts"))
+    keyed = flow.source(KafkaSource(topics=("orders",))).key_by("account")
+    keyed.process(Noop(), uid="a").key_by("x").process(Noop(), uid="b").to(
+        ParquetSink("o", "/tmp/o")
+    )
+    tags = tags_of(flow.build())
+    first = rows_for_later(rows(tags, (RECORD, "orders"), (DEAD_LETTER, None)), None, tags)
+    assert first is None or first.to_pylist() == [False, False]
+    second = rows_for_later(rows(tags, (RECORD, "@a>b"), (DEAD_LETTER, None)), "b", tags)
+    assert second is None or second.to_pylist() == [False, False]

@@ -67,9 +67,10 @@ def test_non_loopback_kafka_is_refused_by_the_local_stack(tmp_path):
 
 def test_a_server_whose_port_was_taken_fails_its_start_at_once(tmp_path):
     """A server whose listener failed to bind but which stays alive (airflow standalone's
-    API server) must fail the start when its log says so, not after the whole timeout."""
+    API server) must fail the start when its log says so, not after the whole timeout.
+    (Waiting out the timeout raises a plain ServiceError, which ``raises`` would not take.)
+    """
     import sys
-    import time
 
     from microbatch.localstack.process import PortTakenError, ServiceProcess
 
@@ -79,7 +80,6 @@ def test_a_server_whose_port_was_taken_fails_its_start_at_once(tmp_path):
         "import time; print('ERROR: [Errno 98] Address already in use', flush=True); "
         "time.sleep(600)"
     )
-    started = time.monotonic()
 
     with pytest.raises(PortTakenError, match=r"server: its port was taken") as err:
         process.start(
@@ -90,7 +90,6 @@ def test_a_server_whose_port_was_taken_fails_its_start_at_once(tmp_path):
             port_taken_marks=("Address already in use",),
         )
 
-    assert time.monotonic() - started < 30, "waited for the timeout instead of the log"
     assert "[Errno 98]" in str(err.value)
     assert process.pid() is None, "the server that lost its port was left running"
 

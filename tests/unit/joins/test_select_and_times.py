@@ -85,6 +85,16 @@ def test_event_time_of_a_record_names_what_is_wrong():
     assert "right_time function raised KeyError" in e.value.error
 
 
+@pytest.mark.parametrize("ts", [2**63, -(2**63) - 1])
+def test_an_int_event_time_beyond_64_bits_is_a_bad_event_time_not_a_crash_later(ts):
+    of = EventTimeOf("WindowJoin", "left_time", "ts")
+    assert of({"ts": 2**63 - 1}) == 2**63 - 1
+    with pytest.raises(RecordTimeError) as e:
+        of({"ts": ts})
+    assert e.value.reason == "bad_event_time"
+    assert "out of range" in e.value.error
+
+
 @pytest.mark.parametrize(
     ("value", "ms"),
     [

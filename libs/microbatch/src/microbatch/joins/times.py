@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from microbatch.errors import ConfigError
-from microbatch.runtime.stage_one import event_time_ms
+from microbatch.runtime.stage_one import MAX_EPOCH_MS, MIN_EPOCH_MS, event_time_ms
 from microbatch.windows.spec import Duration, duration_ms
 
 TimeSpec = str | Callable[[Any], Any]
@@ -65,7 +65,7 @@ class EventTimeOf:
                 raise RecordTimeError(
                     "bad_event_time", f"{self._label} raised {type(e).__name__}: {e}"
                 ) from e
-        if type(raw) is int:  # epoch ms already: most records, read without a call
+        if type(raw) is int and MIN_EPOCH_MS <= raw <= MAX_EPOCH_MS:  # most records, no call
             return raw
         if raw is None:
             raise RecordTimeError("missing_event_time", f"record has no event time ({self._label})")

@@ -200,12 +200,11 @@ class SparkExecutor:
         instance runs (and fires its timers) without input."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        tags = tags_of(self.pipeline)
-        schema = tags.wire_schema(exchange_schema(self.pipeline))
-        rows = tags.to_wire(ticks(range(stage.parallelism), exchange_schema(self.pipeline)))
+        tags, schema = tags_of(self.pipeline), exchange_schema(self.pipeline)
+        rows = tags.to_wire(ticks(range(stage.parallelism), schema))
         # The exchange schema, not the one pandas infers: all-null integer columns would
         # come out as doubles and widen the union's (a dead letter's offset "794.0").
-        return self.spark.createDataFrame(rows.to_pandas(), schema=from_arrow_schema(schema))
+        return self.spark.createDataFrame(rows.to_pandas(), schema=from_arrow_schema(rows.schema))
 
     def _ticks_only(self, stage: StageTwo) -> list[Any]:
         """Stage 2 of a batch without input: each instance gets only its tick, so one task
@@ -243,8 +242,7 @@ def _per_instance(
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(batches)
-        wired = pa.Table.from_batches(received) if received else None
-        table = None if wired is None else tags_of(stage.pipeline).from_wire(wired)
+        table = pa.Table.from_batches(received) if received else None  # the stage decodes it
         instances = [] if table is None else pc.unique(table.column("instance")).to_pylist()
         if len(instances) != 1 or table is None:  # every partition holds its tick
             raise BatchError(

@@ -27,7 +27,7 @@ from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
-from microbatch.runtime.wire import tags_of
+from microbatch.runtime.wire import Tags, tags_of
 
 Body = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -62,18 +62,19 @@ def step_instance(stage: StageTwo) -> Body:
     def _rows_of_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
         received = list(batches)
         # The first step's rows may carry the value columns stage 1 decoded (a declared
-        # schema): the step reads them; what it hands on is the envelope alone.
+        # schema): the step reads them; what it hands on is the envelope alone. Rows that
+        # only pass through (results, records for later steps) stay as they came.
         full = (
-            tags.from_wire(pa.Table.from_batches(received))
+            pa.Table.from_batches(received)
             if received
-            else pa.Table.from_batches([], schema=ENVELOPE_SCHEMA)
+            else tags.to_wire(pa.Table.from_batches([], schema=ENVELOPE_SCHEMA))
         )
         table = full.select(ENVELOPE_SCHEMA.names)
-        earlier = pc.equal(table.column("kind"), RESULT)
-        later = rows_for_later(table, stage.step)  # ride on through this step
+        earlier = pc.equal(table.column("kind"), tags.kind_code(RESULT))
+        later = rows_for_later(table, stage.step, tags)  # ride on through this step
         if later is not None:
             earlier = pc.or_(earlier, later)
-        own = full.filter(pc.invert(earlier))
+        own = tags.from_wire(full.filter(pc.invert(earlier)))
         instances = pc.unique(own.column("instance")).to_pylist()
         if len(instances) != 1:  # every partition holds its tick
             step = "the first keyed step" if stage.step is None else f"step {stage.step!r}"
@@ -91,7 +92,7 @@ def step_instance(stage: StageTwo) -> Body:
             return
         yield pa.Table.from_batches([forward])
         if instance == 0:
-            stats = table.filter(pc.equal(table.column("kind"), STAT))
+            stats = table.filter(pc.equal(table.column("kind"), tags.kind_code(STAT)))
             for j in range(stage.parallelism):
                 copy = stats.set_column(
                     stats.schema.get_field_index("instance"),
@@ -104,18 +105,19 @@ def step_instance(stage: StageTwo) -> Body:
     return per_instance
 
 
-def rows_for_later(table: pa.Table, step: str | None) -> pa.ChunkedArray | None:
-    """Which rows are records for a keyed step after ``step`` (None: the first step), or
-    None when there are none (a chain: every record row is the step's own)."""
-    topics = table.column("topic")
-    marked = pc.match_substring(topics, FOR)
-    if not pc.any(marked).as_py():
-        return None
-    records = pc.equal(table.column("kind"), RECORD)
+def rows_for_later(table: pa.Table, step: str | None, tags: Tags) -> pa.ChunkedArray | None:
+    """Which of ``table``'s wire rows are records for a keyed step after ``step`` (None:
+    the first step), or None when the pipeline has none (a chain: every record row is the
+    step's own)."""
     if step is None:
-        later = pc.and_(records, marked)
+        codes = tags.topic_codes(lambda topic: FOR in topic)
     else:
-        later = pc.and_(records, pc.invert(pc.ends_with(topics, f"{FOR}{step}")))
+        own = f"{FOR}{step}"
+        codes = tags.topic_codes(lambda topic: FOR in topic and not topic.endswith(own))
+    if not len(codes):
+        return None
+    records = pc.equal(table.column("kind"), tags.kind_code(RECORD))
+    later = pc.and_(records, pc.is_in(table.column("topic"), value_set=codes))
     return pc.fill_null(later, False)  # a dead letter without a topic is no record
 
 

@@ -106,7 +106,7 @@ def event_time_ms(value: object) -> int:
     if isinstance(value, int | float):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"event time must be a finite number of ms, got {value!r}")
-        if not _MIN_MS <= value <= _MAX_MS:
+        if not MIN_EPOCH_MS <= value <= MAX_EPOCH_MS:
             raise ValueError(f"event time {value!r} ms is out of range (64-bit epoch ms)")
         return int(value)
     if isinstance(value, str):
@@ -120,7 +120,7 @@ def event_time_ms(value: object) -> int:
     )
 
 
-_MIN_MS, _MAX_MS = -(2**63), 2**63 - 1  # an Arrow int64
+MIN_EPOCH_MS, MAX_EPOCH_MS = -(2**63), 2**63 - 1  # an Arrow int64: an inline int check's bounds
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MS = dt.timedelta(milliseconds=1)
 
@@ -304,7 +304,7 @@ class StageOne:
             raw = record.get(et.field) if isinstance(record, dict) else None
             if raw is None:
                 raise _Bad("missing_event_time", f"record has no event-time field {et.field!r}")
-            if type(raw) is int and _MIN_MS <= raw <= _MAX_MS:  # the common case, inline
+            if type(raw) is int and MIN_EPOCH_MS <= raw <= MAX_EPOCH_MS:  # the common case, inline
                 ts = raw
             else:
                 try:

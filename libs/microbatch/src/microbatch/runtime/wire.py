@@ -17,6 +17,7 @@ shuffling a row that could not be read back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
@@ -89,6 +90,16 @@ class Tags:
             if pa.types.is_integer(column.type):
                 rows = rows.set_column(at, name, values.take(column))
         return rows
+
+    def kind_code(self, kind: str) -> pa.Scalar:
+        """The code of ``kind``, to compare a wire ``kind`` column with."""
+        return pa.scalar(KINDS.index(kind), KIND_CODE)
+
+    def topic_codes(self, keep: Callable[[str], bool]) -> pa.Array:
+        """The codes of the topics and markers ``keep`` accepts."""
+        return pa.array(
+            [i for i, topic in enumerate(self.topics.to_pylist()) if keep(topic)], TOPIC_CODE
+        )
 
     def topic_of(self, code: int | str) -> str:
         """A ``topic`` value read on the driver from collected rows."""
