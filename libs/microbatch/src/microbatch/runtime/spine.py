@@ -64,10 +64,11 @@ def step_instance(stage: StageTwo) -> Body:
         # The first step's rows may carry the value columns stage 1 decoded (a declared
         # schema): the step reads them; what it hands on is the envelope alone. Rows that
         # only pass through (results, records for later steps) stay as they came.
-        full = (
+        # (As they crossed Spark: to_wire encodes only rows that never left Python.)
+        full = tags.to_wire(
             pa.Table.from_batches(received)
             if received
-            else tags.to_wire(pa.Table.from_batches([], schema=ENVELOPE_SCHEMA))
+            else pa.Table.from_batches([], schema=ENVELOPE_SCHEMA)
         )
         table = full.select(ENVELOPE_SCHEMA.names)
         earlier = pc.equal(table.column("kind"), tags.kind_code(RESULT))
