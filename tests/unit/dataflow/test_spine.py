@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from microbatch.dataflow import Dataflow
+from microbatch.errors import BatchError
 from microbatch.runtime import EventTime, KafkaSource, ParquetSink, Pipeline
 from microbatch.runtime.envelope import DEAD_LETTER, ENVELOPE_SCHEMA, RECORD, STAT
-from microbatch.runtime.spine import rows_for_later
+from microbatch.runtime.spine import rows_for_later, step_instance, topics_for_later
+from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.wire import Tags, tags_of
+from microbatch.settings import Settings
 from tests.unit.runtime.test_stage_one import Noop
 
 
@@ -33,6 +37,10 @@ def rows(tags: Tags, *kind_topic: tuple[str, str | None]) -> pa.Table:
     return tags.to_wire(pa.table(cols, schema=ENVELOPE_SCHEMA))
 
 
+def later(table: pa.Table, step: str | None, tags: Tags) -> pa.ChunkedArray | None:
+    return rows_for_later(table, topics_for_later(step, tags), tags)
+
+
 def test_records_for_later_steps_ride_on_and_everything_else_stays() -> None:
     tags = tags_of(graph())
     table = rows(
@@ -43,9 +51,9 @@ def test_records_for_later_steps_ride_on_and_everything_else_stays() -> None:
         (DEAD_LETTER, None),  # a dead letter of a step: no source coordinates
         (STAT, "orders"),
     )
-    first = rows_for_later(table, None, tags)
+    first = later(table, None, tags)
     assert first is not None and first.to_pylist() == [False, True, True, False, False]
-    ledger = rows_for_later(table, "ledger", tags)
+    ledger = later(table, "ledger", tags)
     assert ledger is not None and ledger.to_pylist() == [False, False, False, False, False]
     kept = table.filter(pc.invert(ledger))
     assert DEAD_LETTER in tags.from_wire(kept).column("kind").to_pylist(), (
@@ -60,7 +68,17 @@ def test_a_chain_keeps_every_row_for_its_own_step() -> None:
         ParquetSink("o", "/tmp/o")
     )
     tags = tags_of(flow.build())
-    first = rows_for_later(rows(tags, (RECORD, "orders"), (DEAD_LETTER, None)), None, tags)
+    first = later(rows(tags, (RECORD, "orders"), (DEAD_LETTER, None)), None, tags)
     assert first is None or first.to_pylist() == [False, False]
-    second = rows_for_later(rows(tags, (RECORD, "@a>b"), (DEAD_LETTER, None)), "b", tags)
+    second = later(rows(tags, (RECORD, "@a>b"), (DEAD_LETTER, None)), "b", tags)
     assert second is None or second.to_pylist() == [False, False]
+
+
+def test_a_step_refuses_rows_that_are_not_on_the_wire_codes() -> None:
+    """Rows reach a keyed step only across an exchange, on their codes: string kinds
+    mean a caller skipped :meth:`Tags.to_wire`, which must fail loudly, not misroute."""
+    pipeline = graph()
+    stage = StageTwo(pipeline, Settings.from_env(), 7, 2, None, None, 1_000_000)
+    table = tags_of(pipeline).from_wire(rows(tags_of(pipeline), (RECORD, "orders")))
+    with pytest.raises(BatchError, match="batch 7: a keyed step's rows must arrive on the wire"):
+        list(step_instance(stage)(iter(table.to_batches())))

@@ -101,7 +101,10 @@ class PerPartition(InProcess):
     @staticmethod
     def spine(stage: StageTwo, rows: list[pa.Table]) -> Execution:
         """Each keyed step over each instance's rows (what ``repartitionById`` gives it),
-        its output the next step's input, as :func:`~microbatch.runtime.spine.spine_frame`."""
+        its output the next step's input, as :func:`~microbatch.runtime.spine.spine_frame`:
+        every row crosses on its wire codes."""
+        tags = tags_of(stage.pipeline)
+        rows = [tags.to_wire(t) for t in rows]
         for step in step_stages(stage):
             body = step_instance(step)
             out: list[pa.Table] = []
@@ -113,7 +116,7 @@ class PerPartition(InProcess):
                 ]
                 out.extend(pa.Table.from_batches([b]) for b in body(iter(mine)) if b.num_rows)
             rows = out
-        results = tags_of(stage.pipeline).from_wire(pa.concat_tables(rows))
+        results = tags.from_wire(pa.concat_tables(rows))
         results = results.filter(pc.equal(results.column("kind"), RESULT)).to_pylist()
         first, steps = step_results(results, stage)
         return Execution(merged_results(first, steps), None, steps)

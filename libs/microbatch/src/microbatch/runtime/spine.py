@@ -54,6 +54,8 @@ def step_instance(stage: StageTwo) -> Body:
     """The mapInArrow body of one keyed step over one partition: one whole instance;
     its rows in and out as they cross the exchanges (:mod:`.wire`)."""
     tags = tags_of(stage.pipeline)
+    later_topics = topics_for_later(stage.step, tags)
+    wire_envelope = tags.wire_schema(ENVELOPE_SCHEMA)
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rows in _rows_of_instance(batches):
@@ -64,15 +66,19 @@ def step_instance(stage: StageTwo) -> Body:
         # The first step's rows may carry the value columns stage 1 decoded (a declared
         # schema): the step reads them; what it hands on is the envelope alone. Rows that
         # only pass through (results, records for later steps) stay as they came.
-        # (As they crossed Spark: to_wire encodes only rows that never left Python.)
-        full = tags.to_wire(
+        full = (
             pa.Table.from_batches(received)
             if received
-            else pa.Table.from_batches([], schema=ENVELOPE_SCHEMA)
+            else pa.Table.from_batches([], schema=wire_envelope)
         )
+        if not pa.types.is_integer(full.schema.field("kind").type):
+            raise BatchError(
+                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a keyed step's "
+                "rows must arrive on the wire codes (Tags.to_wire), as they cross Spark"
+            )
         table = full.select(ENVELOPE_SCHEMA.names)
         earlier = pc.equal(table.column("kind"), tags.kind_code(RESULT))
-        later = rows_for_later(table, stage.step, tags)  # ride on through this step
+        later = rows_for_later(table, later_topics, tags)  # ride on through this step
         if later is not None:
             earlier = pc.or_(earlier, later)
         own = tags.from_wire(full.filter(pc.invert(earlier)))
@@ -106,15 +112,18 @@ def step_instance(stage: StageTwo) -> Body:
     return per_instance
 
 
-def rows_for_later(table: pa.Table, step: str | None, tags: Tags) -> pa.ChunkedArray | None:
-    """Which of ``table``'s wire rows are records for a keyed step after ``step`` (None:
-    the first step), or None when the pipeline has none (a chain: every record row is the
-    step's own)."""
+def topics_for_later(step: str | None, tags: Tags) -> pa.Array:
+    """The wire codes of the markers of records for a keyed step after ``step`` (None:
+    the first step); empty in a chain, where every record row is the step's own."""
     if step is None:
-        codes = tags.topic_codes(lambda topic: FOR in topic)
-    else:
-        own = f"{FOR}{step}"
-        codes = tags.topic_codes(lambda topic: FOR in topic and not topic.endswith(own))
+        return tags.topic_codes(lambda topic: FOR in topic)
+    own = f"{FOR}{step}"
+    return tags.topic_codes(lambda topic: FOR in topic and not topic.endswith(own))
+
+
+def rows_for_later(table: pa.Table, codes: pa.Array, tags: Tags) -> pa.ChunkedArray | None:
+    """Which of ``table``'s wire rows are records whose topic is one of ``codes``
+    (:func:`topics_for_later`), or None when there are no such topics."""
     if not len(codes):
         return None
     records = pc.equal(table.column("kind"), tags.kind_code(RECORD))
