@@ -72,6 +72,26 @@ def test_every_subrange_of_a_transactional_log_reads_what_read_range_reads(
     assert time.monotonic() - started < 30
 
 
+def test_source_only_reads_give_the_same_records_without_timestamps_or_headers(
+    bootstrap, admin
+) -> None:
+    """Stage 1 asks both readers for the source columns only: the same keys, values and
+    coordinates as a full read, with ``timestamp`` and ``headers`` null, never guessed."""
+    topic = new_topic(admin, 1)
+    produce(bootstrap, topic, [(0, b"k0", b"p0"), (0, None, b"")], headers=[("h", b"x")])
+    produce(bootstrap, topic, [(0, b"c", f"c{i}".encode()) for i in range(3)], transaction="commit")
+    produce(bootstrap, topic, [(0, None, b"x")], transaction="abort")
+    produce(bootstrap, topic, [(0, None, b"after")])
+    r = OffsetRange(topic, 0, 0, 9)
+    full = table(list(read_range(bootstrap, r, batch_rows=2, poll_timeout_s=5)))
+    assert len(full) == 6 and full[0]["headers"] and full[0]["timestamp"] is not None
+    expected = [{**row, "timestamp": None, "headers": None} for row in full]
+    for read in (read_range, read_range_confluent):
+        batches = list(read(bootstrap, r, batch_rows=2, poll_timeout_s=5, source_only=True))
+        assert all(b.schema == KAFKA_SCHEMA for b in batches)
+        assert table(batches) == expected, read.__name__
+
+
 def test_a_deleted_start_fails_as_data_loss_never_skips(bootstrap, admin) -> None:
     from kafka import TopicPartition as KTP
 

@@ -191,20 +191,25 @@ def _consumer(bootstrap_servers: str, r: OffsetRange, config: Mapping[str, Any],
     )
 
 
-def _batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
-    """One ``KAFKA_SCHEMA`` batch from confluent-kafka ``Message``s: whole columns at once."""
+def _batch(topic: str, partition: int, records: list[Any], source_only: bool) -> pa.RecordBatch:
+    """One ``KAFKA_SCHEMA`` batch from confluent-kafka ``Message``s: whole columns at once
+    (``source_only``: no timestamps or headers taken)."""
     from confluent_kafka import Message
 
-    headers = list(map(Message.headers, records))  # None, not [], without headers
-    if any(headers):
-        headers = [h or [] for h in headers]
+    timestamps: list[int] | None = None
+    headers: list[Any] | None = None
+    if not source_only:
+        timestamps = [ts for _, ts in map(Message.timestamp, records)]
+        headers = list(map(Message.headers, records))  # None, not [], without headers
+        if any(headers):
+            headers = [h or [] for h in headers]
     return kafka_batch(
         topic,
         partition,
         list(map(Message.key, records)),
         list(map(Message.value, records)),
         list(map(Message.offset, records)),
-        [ts for _, ts in map(Message.timestamp, records)],
+        timestamps,
         headers,
     )
 
@@ -216,10 +221,12 @@ def read_range_confluent(
     batch_rows: int = 10_000,
     poll_timeout_s: float = 60.0,
     consumer_config: Mapping[str, Any] | None = None,
+    source_only: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the committed records of ``r`` as Arrow batches of up to ``batch_rows`` rows:
     what :func:`~microbatch.kafka.reader.read_range` yields, read by confluent-kafka.
-    ``consumer_config``: kafka-python names (:func:`librdkafka_config`)."""
+    ``consumer_config``: kafka-python names (:func:`librdkafka_config`); ``source_only``:
+    as ``read_range``'s."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     if batch_rows < 1:
@@ -265,7 +272,7 @@ def read_range_confluent(
                     seen = max(seen, records[-1].offset() + 1)
                     pending.extend(records)
                     if len(pending) >= batch_rows:
-                        yield _batch(r.topic, r.partition, pending)
+                        yield _batch(r.topic, r.partition, pending, source_only)
                         pending = []
             failed = [e for e in client_errors if e.code() in auth]
             if failed:
@@ -284,6 +291,6 @@ def read_range_confluent(
                     f"planned against this cluster's end offsets?{last}"
                 )
         if pending:
-            yield _batch(r.topic, r.partition, pending)
+            yield _batch(r.topic, r.partition, pending, source_only)
     finally:
         consumer.close()

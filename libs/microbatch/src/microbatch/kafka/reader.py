@@ -42,6 +42,10 @@ KAFKA_SCHEMA = pa.schema(
         ("headers", pa.list_(HEADER_TYPE)),
     ]
 )
+#: What ``source_only=True`` readers fill (stage 1 reads no more); ``timestamp`` and
+#: ``headers`` stay null: taking them from every message cost ~6 % of a Nexmark query's
+#: Python CPU (confluent-kafka parses a message's headers when asked).
+SOURCE_ONLY = ("key", "value", "topic", "partition", "offset")
 #: The same schema as a Spark DDL string, for ``mapInArrow``.
 KAFKA_SPARK_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
@@ -114,7 +118,9 @@ def _headers_array(all_headers: list[Any]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), children, type=_HEADERS_TYPE)
 
 
-def _to_batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
+def _to_batch(
+    topic: str, partition: int, records: list[Any], source_only: bool = False
+) -> pa.RecordBatch:
     """One Arrow batch from kafka-python ``ConsumerRecord``s: whole columns at once."""
     return kafka_batch(
         topic,
@@ -122,8 +128,8 @@ def _to_batch(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
         list(map(_KEY, records)),
         list(map(_VALUE, records)),
         list(map(_OFFSET, records)),
-        list(map(_TIMESTAMP, records)),
-        list(map(_HEADERS, records)),
+        None if source_only else list(map(_TIMESTAMP, records)),
+        None if source_only else list(map(_HEADERS, records)),
     )
 
 
@@ -133,11 +139,12 @@ def kafka_batch(
     keys: list[bytes | None],
     values: list[bytes | None],
     offsets: list[int],
-    timestamps: list[int],
-    headers: list[Any],
+    timestamps: list[int] | None,
+    headers: list[Any] | None,
 ) -> pa.RecordBatch:
     """One :data:`KAFKA_SCHEMA` batch of one partition's records, given column by column
-    (whichever client read them)."""
+    (whichever client read them); ``timestamps``/``headers`` None: those columns null
+    (a reader asked for :data:`SOURCE_ONLY` columns)."""
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
         [
@@ -146,8 +153,8 @@ def kafka_batch(
             pa.array([topic] * n, pa.string()),
             pa.array([partition] * n, pa.int32()),
             pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.int64()),
-            _headers_array(headers),
+            pa.nulls(n, pa.int64()) if timestamps is None else pa.array(timestamps, pa.int64()),
+            pa.nulls(n, _HEADERS_TYPE) if headers is None else _headers_array(headers),
         ],
         schema=KAFKA_SCHEMA,
     )
@@ -171,8 +178,10 @@ def read_range(
     batch_rows: int = 10_000,
     poll_timeout_s: float = 60.0,
     consumer_config: Mapping[str, Any] | None = None,
+    source_only: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the committed records of ``r`` as Arrow batches of up to ``batch_rows`` rows.
+    """Yield the committed records of ``r`` as Arrow batches of up to ``batch_rows`` rows
+    (``source_only``: the :data:`SOURCE_ONLY` columns filled, the others null).
 
     Fails with :class:`SourceError` if the consumer makes no progress for
     ``poll_timeout_s`` seconds (a broker down, or a range past the end of the log) or
@@ -211,7 +220,7 @@ def read_range(
             if records:
                 pending.extend(records)
                 if len(pending) >= batch_rows:
-                    yield _to_batch(r.topic, r.partition, pending)
+                    yield _to_batch(r.topic, r.partition, pending, source_only)
                     pending = []
             new_position = consumer.position(tp)
             if new_position > position:
@@ -224,7 +233,7 @@ def read_range(
                     "the range planned against this cluster's end offsets?"
                 )
         if pending:
-            yield _to_batch(r.topic, r.partition, pending)
+            yield _to_batch(r.topic, r.partition, pending, source_only)
     finally:
         consumer.close(autocommit=False)
 
@@ -279,11 +288,13 @@ def read_descriptors(
     batch_rows: int = 10_000,
     poll_timeout_s: float = 60.0,
     consumer_config: Mapping[str, Any] | None = None,
+    source_only: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The records (``KAFKA_SCHEMA``) of the ranges described by ``range_descriptors`` rows:
     the body of a ``mapInArrow`` — alone, or fused with the next step of a task. ``client``:
     ``"python"`` reads with kafka-python (:func:`read_range`), ``"confluent"`` with
-    confluent-kafka (``confluent_reader.read_range_confluent``); the same records."""
+    confluent-kafka (``confluent_reader.read_range_confluent``); the same records.
+    ``source_only``: only the :data:`SOURCE_ONLY` columns filled."""
     read = read_range
     if client == "confluent":
         from microbatch.kafka.confluent_reader import read_range_confluent as read
@@ -298,6 +309,7 @@ def read_descriptors(
                 batch_rows=batch_rows,
                 poll_timeout_s=poll_timeout_s,
                 consumer_config=consumer_config,
+                source_only=source_only,
             )
 
 
