@@ -25,8 +25,10 @@ first; ``--repeat N`` (default 4: each engine goes first as often) rotates
 the engines, and the table shows the median and the best of the rounds, with the load at
 each start. The alerts and the merchants' totals must be the same in both.
 
-Where the dataflow's time goes: its batch phases and the stage-2 seconds of each keyed
-step's instances (restore, process, state, stage) from the batch's stats.
+Where the time goes (round 1): the dataflow's batch phases and the stage-2 seconds of
+each keyed step's instances (restore, process, state, stage) from the batch's stats, and
+every Spark stage of each engine (wall, task time, shuffle) from Spark's REST API: a
+second keyed step's cost is its stage against the second pipeline's read and operator.
 
     .venv/bin/python bench/bench_dataflow.py [--records 300000 | --quick] [--repeat 3]
 """
@@ -45,9 +47,20 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
-from benchlib import kafka_settings, load, log, print_table, process_tree, spark_cpu_seconds
+from benchlib import (
+    kafka_settings,
+    last_stage_id,
+    load,
+    log,
+    print_table,
+    process_tree,
+    spark_cpu_seconds,
+    stage_lines,
+    where_time_goes,
+)
 
 from microbatch.dataflow import Dataflow
+from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
 from microbatch.runtime import (
     BatchOptions,
@@ -207,12 +220,15 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
         warm_topic = topic
     jars = ensure_spark_kafka_jars(settings.home_path)
     log(f"starting Spark local[2] with {', '.join(j.name for j in jars)}")
-    spark = spark_session(
-        settings, "bench-dataflow", conf={"spark.sql.shuffle.partitions": str(PARALLELISM)}
-    )
+    spark = spark_session(settings, "bench-dataflow", conf={
+        "spark.sql.shuffle.partitions": str(PARALLELISM),
+        "spark.ui.enabled": "true",  # each engine's Spark stages, in "where the time goes"
+        "spark.ui.port": str(free_port_block([0])),
+        "spark.ui.host": "127.0.0.1",
+    })  # fmt: skip
     runs: dict[str, list[Run]] = {name: [] for name in ENGINES}
     split: dict[str, list[dict[str, float]]] = {name: [] for name in ENGINES}
-    breakdown: list[str] = []
+    breakdown: dict[str, list[str]] = {}
 
     def pipelines(engine: str, name: str, on: str, root: Path) -> list[Pipeline]:
         if engine == "dataflow":
@@ -228,7 +244,7 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
 
         def measure(i: int, engine: str) -> None:
             before, cpu = load(), spark_cpu_seconds(spark)
-            by_process = cpu_by_process(spark)
+            by_process, first_stage = cpu_by_process(spark), last_stage_id(spark)
             log(f"[{i + 1}] {ENGINES[engine]}: one batch over the topic ({before}) ...")
             started = time.perf_counter()
             root = work / f"{engine}{i}"
@@ -243,8 +259,9 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             for r in results:
                 if r.records_in != args.records:
                     raise SystemExit(f"{r.pipeline} read {r.records_in:,} of {args.records:,}")
-            if i == 0 and engine == "dataflow":
-                breakdown.extend(where_time_goes(batch[0], settings, results[0]))
+            if i == 0:
+                steps = where_time_goes(batch[0], settings, results[0]) if len(batch) == 1 else []
+                breakdown[engine] = steps + stage_lines(spark, first_stage)
 
         for i in range(args.repeat):  # rotate the order: load swings hit both alike
             order = list(ENGINES) if i % 2 == 0 else list(reversed(ENGINES))
@@ -300,31 +317,13 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
     for engine, name in ENGINES.items():
         parts = {k: med([r[k] for r in split[engine]]) for k in split[engine][0]}
         print(f"  {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
-    print("\nWhere the dataflow's batch time goes (first run):")
-    print("\n".join(breakdown))
+    print("\nWhere the time goes (round 1): the dataflow's batch and keyed steps, and each")
+    print("engine's Spark stages (the two pipelines': read+key, then the operator, twice)")
+    for engine, name in ENGINES.items():
+        print(f" {name}:")
+        print("\n".join(breakdown.get(engine, [])))
     if not same:
         raise SystemExit(1)
-
-
-def where_time_goes(pipeline: Pipeline, settings: Settings, result: BatchResult) -> list[str]:
-    """The batch's phases and each keyed step's stage-2 seconds, summed over instances
-    (from the committed batch's stats)."""
-    from microbatch.checkpoint import Layout, latest_manifest
-    from microbatch.runtime.records import BatchRecord
-    from microbatch.storage import open_store
-
-    manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
-    stats = BatchRecord.of(manifest).stats
-    lines = [f"  batch phases (s): {json.dumps(result.seconds)}"]
-    sums: dict[str, float] = {}
-    for inst in stats.instances if stats else ():
-        for k, v in inst.seconds.items():
-            sums[k] = sums.get(k, 0.0) + v
-    first = {k: round(v, 2) for k, v in sums.items() if "." not in k}
-    later = {k.split(".", 1)[1]: round(v, 2) for k, v in sums.items() if "." in k}
-    lines.append(f"  step cards, instances' sum (s): {first}")
-    lines.append(f"  step merchants, instances' sum (s): {later}")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ seconds and memory of the Spark process tree, and producing a topic's events."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import sys
@@ -235,3 +236,47 @@ def finish_query(query: Any, started: float) -> float:
     if query.exception() is not None:
         raise SystemExit(f"Structured Streaming query failed: {query.exception()}")
     return elapsed
+
+
+def where_time_goes(pipeline: Any, settings: Any, result: Any) -> list[str]:
+    """The (last) batch's phases (``result``: its ``BatchResult``) and each keyed step's
+    stage-2 seconds, summed over instances (from the committed batch's stats)."""
+    from microbatch.checkpoint import Layout, latest_manifest
+    from microbatch.runtime.records import BatchRecord
+    from microbatch.storage import open_store
+
+    manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
+    stats = BatchRecord.of(manifest).stats
+    phases = {k: round(v, 2) for k, v in result.seconds.items()}
+    lines = [f"  batch phases (s): {json.dumps(phases)}"]
+    sums: dict[str, dict[str, float]] = {}
+    for inst in stats.instances if stats else ():
+        for k, v in inst.seconds.items():
+            step, _, what = k.rpartition(".")
+            per = sums.setdefault(step or pipeline.uid or "(sinks only)", {})
+            per[what] = per.get(what, 0.0) + v
+    for step, per in sums.items():
+        rounded = {k: round(v, 2) for k, v in per.items()}
+        lines.append(f"  step {step}, instances' sum (s): {rounded}")
+    return lines
+
+
+def stage_lines(spark: Any, after: int) -> list[str]:
+    """One line per Spark stage of the batch: wall, task time, JVM CPU, shuffle."""
+
+    def ms(stamp: str | None) -> float:  # the REST API's 2026-11-25T12:00:00.123GMT
+        if not stamp:
+            return 0.0
+        at = dt.datetime.strptime(stamp.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+        return at.timestamp() * 1000
+
+    lines = []
+    for s in spark_stages(spark, after):
+        wall = (ms(s.get("completionTime")) - ms(s.get("submissionTime"))) / 1000
+        lines.append(
+            f"  Spark stage {s['stageId']} ({s['numTasks']} tasks, {s['name'][:40]}): "
+            f"{wall:.2f} s wall, {s['executorRunTime'] / 1000:.2f} s task time, "
+            f"{s['executorCpuTime'] / 1e9:.2f} s JVM CPU, shuffle write "
+            f"{s.get('shuffleWriteBytes', 0) / 1e6:.1f} MB"
+        )
+    return lines

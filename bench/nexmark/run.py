@@ -34,8 +34,6 @@ only check; not for q0–q2, whose result is their input).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import shutil
 import statistics
@@ -57,12 +55,13 @@ from benchlib import (
     load,
     log,
     spark_cpu_seconds,
-    spark_stages,
+    stage_lines,
+    where_time_goes,
 )
 
 from microbatch.localstack.process import free_port_block
 from microbatch.localstack.spark_kafka import ensure_spark_kafka_jars
-from microbatch.runtime import BatchOptions, BatchResult, BatchRunner, Pipeline
+from microbatch.runtime import BatchOptions, BatchRunner
 from microbatch.settings import Settings
 from microbatch.sinks import read_parquet_sink
 from microbatch.spark import spark_session
@@ -225,50 +224,6 @@ def compare(bench: Bench, query: str, events: nx_events.Events) -> tuple[str, in
         for who, same, n in verdicts
     )
     return text, mine.num_rows
-
-
-def where_time_goes(pipeline: Pipeline, settings: Settings, result: BatchResult) -> list[str]:
-    """The (last) batch's phases and each keyed step's stage-2 seconds, summed over
-    instances."""
-    from microbatch.checkpoint import Layout, latest_manifest
-    from microbatch.runtime.records import BatchRecord
-    from microbatch.storage import open_store
-
-    manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
-    stats = BatchRecord.of(manifest).stats
-    phases = {k: round(v, 2) for k, v in result.seconds.items()}
-    lines = [f"  batch phases (s): {json.dumps(phases)}"]
-    sums: dict[str, dict[str, float]] = {}
-    for inst in stats.instances if stats else ():
-        for k, v in inst.seconds.items():
-            step, _, what = k.rpartition(".")
-            per = sums.setdefault(step or pipeline.uid or "(sinks only)", {})
-            per[what] = per.get(what, 0.0) + v
-    for step, per in sums.items():
-        rounded = {k: round(v, 2) for k, v in per.items()}
-        lines.append(f"  step {step}, instances' sum (s): {rounded}")
-    return lines
-
-
-def stage_lines(spark: Any, after: int) -> list[str]:
-    """One line per Spark stage of the batch: wall, task time, JVM CPU, shuffle."""
-
-    def ms(stamp: str | None) -> float:  # the REST API's 2026-11-25T12:00:00.123GMT
-        if not stamp:
-            return 0.0
-        at = dt.datetime.strptime(stamp.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
-        return at.timestamp() * 1000
-
-    lines = []
-    for s in spark_stages(spark, after):
-        wall = (ms(s.get("completionTime")) - ms(s.get("submissionTime"))) / 1000
-        lines.append(
-            f"  Spark stage {s['stageId']} ({s['numTasks']} tasks, {s['name'][:40]}): "
-            f"{wall:.2f} s wall, {s['executorRunTime'] / 1000:.2f} s task time, "
-            f"{s['executorCpuTime'] / 1e9:.2f} s JVM CPU, shuffle write "
-            f"{s.get('shuffleWriteBytes', 0) / 1e6:.1f} MB"
-        )
-    return lines
 
 
 # The run -----------------------------------------------------------------------------------
