@@ -84,7 +84,7 @@ from microbatch.runtime import (
     ProcessContext,
     windowed,
 )
-from microbatch.runtime.stage_one import fast_json_decoder
+from microbatch.runtime.decoding import fast_json_decoder
 from microbatch.settings import Settings
 from microbatch.sinks import read_parquet_sink
 from microbatch.spark import spark_session

@@ -16,9 +16,10 @@ from microbatch.errors import ConfigError, ProcessError
 from microbatch.runtime import DeadLetterSink, EventTime, JsonSchema, KafkaSource, ParquetSink
 from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.columnar import batch_records
+from microbatch.runtime.decoding import event_time_ms
 from microbatch.runtime.envelope import DeadLetterDetail, partition_stats
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.stage_one import StageOne, event_time_ms
+from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import SortedRecords
 from tests.unit.runtime.test_stage_one import Noop, kafka_batch
 

@@ -16,7 +16,7 @@ from microbatch.joins.times import (
     signed_duration_ms,
     to_epoch_ms,
 )
-from microbatch.runtime.stage_one import event_time_ms
+from microbatch.runtime.decoding import event_time_ms
 
 
 def test_the_module_examples_hold():

@@ -18,6 +18,7 @@ from microbatch.runtime import (
     KeyedProcessFunction,
     Pipeline,
 )
+from microbatch.runtime.decoding import event_time_ms, fast_json_decoder
 from microbatch.runtime.envelope import (
     DeadLetterDetail,
     PartitionStats,
@@ -26,7 +27,7 @@ from microbatch.runtime.envelope import (
     partition_stats,
     stage_one_totals,
 )
-from microbatch.runtime.stage_one import StageOne, event_time_ms, fast_json_decoder
+from microbatch.runtime.stage_one import StageOne
 from microbatch.state.codec import CodecError, decode_value, encode_value
 
 

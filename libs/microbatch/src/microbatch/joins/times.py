@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from microbatch.errors import ConfigError
-from microbatch.runtime.stage_one import MAX_EPOCH_MS, MIN_EPOCH_MS, event_time_ms
+from microbatch.runtime.decoding import MAX_EPOCH_MS, MIN_EPOCH_MS, event_time_ms
 from microbatch.windows.spec import Duration, duration_ms
 
 TimeSpec = str | Callable[[Any], Any]
@@ -36,7 +36,7 @@ class RecordTimeError(Exception):
 def to_epoch_ms(value: Any) -> int:
     """``value`` as epoch ms: int/float ms, an ISO-8601 string or a datetime (naive: UTC);
     anything else raises ValueError naming it. Read as stage 1 reads the pipeline's event
-    time (:func:`microbatch.runtime.stage_one.event_time_ms`), so a join and the watermark
+    time (:func:`microbatch.runtime.decoding.event_time_ms`), so a join and the watermark
     agree to the millisecond."""
     return event_time_ms(value)
 

@@ -327,8 +327,8 @@ def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
         fields = value_columns(recs.table, values).combine_chunks()
         built = RowDicts(fields, recs.rows)
         return lambda i, j: LazyRecords(fields, recs.rows.slice(i, j - i), built, i)
+    from microbatch.runtime.decoding import payload_decoder
     from microbatch.runtime.envelope import decode_payload, decode_payloads
-    from microbatch.runtime.stage_one import payload_decoder
 
     decode = payload_decoder(pipeline)
     payloads = recs.column("payload").to_pylist()

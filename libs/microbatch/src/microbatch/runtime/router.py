@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from microbatch.errors import ConfigError, MicrobatchError, ProcessError, error_text
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.runtime.decoding import event_time_ms
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     ENVELOPE_SCHEMA,
@@ -32,7 +33,6 @@ from microbatch.runtime.envelope import (
 from microbatch.runtime.graph import Edge, edges_from, first_uid, marker
 from microbatch.runtime.handon import HandedOn, Placed, hand_on
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.stage_one import event_time_ms
 from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, Tap, run_chain
 
 DeadLetter = Callable[..., None]
