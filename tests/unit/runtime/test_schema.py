@@ -10,6 +10,7 @@ import pytest
 
 from microbatch.errors import ConfigError
 from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pipeline
+from microbatch.runtime import schema as schema_module
 from microbatch.runtime.schema import JsonSchema, SchemaMismatch
 
 SCHEMA = JsonSchema(
@@ -127,6 +128,27 @@ def test_arrow_decoding_equals_the_reference_value_by_value_however_split() -> N
             bad += [(start + r, e) for r, e in decoded.bad]
         assert rows == expected_rows
         assert bad == expected_bad
+
+
+def test_a_batch_of_several_parse_blocks_and_a_value_longer_than_one_decodes_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Arrow parses a batch in blocks of ``_BLOCK_BYTES``; a value longer than a block
+    must still be one row (a block holds the longest value), and no bad value appears."""
+    monkeypatch.setattr(schema_module, "_BLOCK_BYTES", 1 << 16)
+    parses = []
+    parse = JsonSchema._parse
+    monkeypatch.setattr(
+        JsonSchema, "_parse", lambda self, v: parses.append(len(v)) or parse(self, v)
+    )
+    values = [value(user_id=f"u{i}" + "x" * 200, ts=i) for i in range(2_000)]  # ~0.5 MB
+    values.insert(777, value(user_id="long" + "y" * 300_000, ts=-1))
+    decoded = SCHEMA.decode(pa.array(values, pa.binary()))
+
+    assert parses == [len(values)], "Arrow refused a block: the batch was split and re-parsed"
+    assert decoded.bad == []
+    assert decoded.rows.tolist() == list(range(len(values)))
+    assert decoded.table.to_pylist() == [SCHEMA.decode_record(v) for v in values]
 
 
 def test_decoding_an_empty_batch_gives_the_declared_columns() -> None:

@@ -272,12 +272,15 @@ class JsonSchema:
         offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)
         begin, end = int(offsets[joined.offset]), int(offsets[joined.offset + len(joined)])
         data = joined.buffers()[2].slice(begin, end - begin)
+        # Blocks of ~1 MiB parse ~20 % faster than one block of a whole 50k-value batch
+        # (13 MB); a block must hold the longest value and its line break.
+        lengths = np.diff(offsets[joined.offset : joined.offset + len(joined) + 1])
+        longest = int(lengths.max()) if len(lengths) else 0
+        block = max(min(end - begin, _BLOCK_BYTES), longest + 1, 1 << 16)
         try:
             table = pj.read_json(
                 pa.BufferReader(data),
-                read_options=pj.ReadOptions(
-                    use_threads=False, block_size=max(end - begin, 1 << 16)
-                ),
+                read_options=pj.ReadOptions(use_threads=False, block_size=block),
                 parse_options=pj.ParseOptions(
                     explicit_schema=self._parse_schema, unexpected_field_behavior="ignore"
                 ),
@@ -305,6 +308,11 @@ class JsonSchema:
             bad.append((int(rows[i]), error))
         keep = pa.array(~missing)
         return table.filter(keep).cast(self.arrow_schema), rows[~missing]
+
+
+#: The block size :meth:`JsonSchema._parse` hands ``pyarrow.json``: measured on Nexmark's
+#: bids (~270 bytes), 1 MiB blocks cost 0.34 CPU-s per 200k against 0.41 for 13 MB ones.
+_BLOCK_BYTES = 1 << 20
 
 
 def kind_of(field: pa.Field) -> str:
