@@ -334,7 +334,7 @@ def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
     payloads = recs.column("payload").to_pylist()
     if decode is decode_payload:  # the envelope's own encoding: runs decode at once
         return PayloadRuns(payloads, decode_payloads)
-    return lambda i, j: DecodedRecords(decode(p) for p in payloads[i:j])
+    return lambda i, j: DecodedRecords(map(decode, payloads[i:j]))
 
 
 class PayloadRuns:
