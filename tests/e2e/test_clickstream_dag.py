@@ -4,7 +4,9 @@ One module-scoped run of four ``dag.test()`` calls in a fresh interpreter (Airfl
 config never enters pytest): a committed batch, an idle run that is skipped, a dry run
 that commits nothing, and a trigger with a bad param, with Airflow's OpenLineage provider
 writing its events to a file. The Microbatch page is then served by Airflow's own API app,
-with its login enforced.
+with its login enforced. The batches run on the run's warm Spark Connect server, as
+``make airflow``'s do (the smoke DAG of ``test_airflow_dags.py`` covers a cold
+``spark-submit`` from a task).
 """
 
 from __future__ import annotations
@@ -135,8 +137,9 @@ def _result(proc) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pipeline_env(stack_settings, tmp_path_factory):
-    """A fresh clickstream namespace with 120-odd clicks, and the profile service."""
+def pipeline_env(stack_settings, spark_connect, tmp_path_factory):
+    """A fresh clickstream namespace with 120-odd clicks, the profile service, and the
+    environment of the Airflow scripts (batches on the warm Connect server: no JVM start)."""
     run = uuid.uuid4().hex[:8]
     profiles = ProfileService(1, 0.0, tmp_path_factory.mktemp("profiles") / "service.log")
     config = ClickstreamConfig.fresh(
@@ -152,7 +155,7 @@ def pipeline_env(stack_settings, tmp_path_factory):
     clicks = generate_clicks(users=15, hours=2, seed=7)
     produce(bootstrap, config.topic,
             [(c["user_id"].encode(), json.dumps(c).encode()) for c in clicks])  # fmt: skip
-    env = stack_settings.to_env() | config.to_env()
+    env = stack_settings.to_env() | config.to_env() | {"MICROBATCH_SPARK_MASTER": spark_connect.url}
     yield {"config": config, "clicks": len(clicks), "env": env}
     profiles.stop()
 
