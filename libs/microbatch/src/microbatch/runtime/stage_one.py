@@ -282,7 +282,7 @@ class StageOne:
             for topic, i in input_of(self.pipeline).items()
         }
 
-    @property
+    @functools.cached_property
     def has_prefix(self) -> bool:
         """Do records go through stateless steps (or several sources' own, or sinks fed
         before the first keyed step, or a graph's edges: a source may feed several keyed
@@ -294,6 +294,14 @@ class StageOne:
         if self.pipeline.inputs:
             return self._inputs[topic][2]
         return self.pipeline.prefix
+
+    @functools.cached_property
+    def _plain_decoder(self) -> Any:
+        """The decoder when :meth:`decode` is only a call of it: one source, no declared
+        schema (None otherwise)."""
+        if self.pipeline.inputs or self.pipeline.source.value_schema is not None:
+            return None
+        return self._decoder
 
     def decode(self, value: bytes | None, topic: str | None = None) -> Any:
         if value is None:
@@ -352,17 +360,23 @@ class StageOne:
         rkeys: list[bytes | None], rvalues: list[bytes | None],
     ) -> None:  # fmt: skip
         """Kafka rows, record by record: decoded, through the stateless steps, keyed."""
-        filters = self._plain_filters
+        filters, has_prefix, plain = self._plain_filters, self.has_prefix, self._plain_decoder
         for topic, part, off, rkey, rvalue in zip(topics, parts, offs, rkeys, rvalues, strict=True):
             try:
-                if rvalue is None and topic in self._tombstone_sources:
+                if rvalue is not None and plain is not None:  # :meth:`decode`, inline
+                    try:
+                        record = plain(rvalue)
+                    except Exception as e:
+                        raise _Bad("undecodable", error_text(e)) from e
+                elif rvalue is None and topic in self._tombstone_sources:
                     self.add_tombstone(out, topic, part, off, rkey)
                     continue
-                record = self.decode(rvalue, topic)
+                else:
+                    record = self.decode(rvalue, topic)
                 if filters is not None:
                     if self.passes(filters, record, topic, part, off):
                         self.add_record(out, topic, part, off, 0, record, raw=rvalue)
-                elif self.has_prefix:
+                elif has_prefix:
                     self.add_records(out, topic, part, off, record, raw=rvalue)
                 else:
                     self.add_record(out, topic, part, off, 0, record, raw=rvalue)
