@@ -58,17 +58,35 @@ def test_slow_endpoint_times_out_into_dead_letters_with_attempts(service):
 
 
 def test_operator_with_http_client_in_the_callers_loop(service):
+    # Ids 0-4 hang in the service until released, and only a task of this loop releases
+    # them, once all five requests are in the service at once: the operator must run its
+    # capacity of requests concurrently without blocking the loop that drives it.
+    service.slow_ids = set(range(5))
+
+    async def release_when_five_are_in_flight() -> list[int]:
+        deadline = time.monotonic() + 30
+        try:
+            while len(service.calls) < 5 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return sorted(service.calls)
+        finally:
+            service.release()
+
     async def main():
-        op = http_operator(service.url, mode="ordered", capacity=5)
+        op = http_operator(service.url, mode="ordered", capacity=5, timeout_s=None)
+        releaser = asyncio.create_task(release_when_five_are_in_flight())
         try:
             for element in users(12):
                 await op.add(element)
-            return [item async for item in op.drain()]
+            return await releaser, [item async for item in op.drain()]
         finally:
+            releaser.cancel()
             await op.aclose()
 
-    started = time.monotonic()
-    out = asyncio.run(main())
+    in_flight, out = asyncio.run(main())
 
-    assert [o.value["id"] for o in out] == list(range(12))
-    assert time.monotonic() - started < 5
+    assert in_flight == [0, 1, 2, 3, 4]
+    assert [getattr(o, "value", o) for o in out] == [
+        {"id": i, "name": f"user-{i}"} for i in range(12)
+    ], out
+    assert service.calls == {i: 1 for i in range(12)}  # no retry, no second request
