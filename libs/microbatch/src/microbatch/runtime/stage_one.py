@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import gc
 import json
-import json.scanner
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
