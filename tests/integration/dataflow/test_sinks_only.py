@@ -59,10 +59,13 @@ def topic(bootstrap, admin) -> str:
     return name
 
 
-def dataflow(topic: str, root: Path, columns: bool) -> Pipeline:
+def dataflow(
+    topic: str, root: Path, columns: bool, reader: str = "auto", most: int | None = 30
+) -> Pipeline:
     flow = Dataflow("etl", checkpoints=f"{root}/checkpoints", max_parallelism=8, parallelism=2,
                     dead_letters=DeadLetterSink(path=f"{root}/dead"))  # fmt: skip
-    bids = flow.source(KafkaSource(topics=(topic,), value_schema=SCHEMA, max_records_per_batch=30))
+    bids = flow.source(KafkaSource(topics=(topic,), value_schema=SCHEMA, max_records_per_batch=most,
+                                   reader=reader))  # type: ignore[arg-type]  # fmt: skip
     q2, q1 = ParquetSink("q2", f"{root}/q2"), ParquetSink("q1", f"{root}/q1", schema=EUROS)
     if columns:
         auction = pc.field("auction")
@@ -93,14 +96,29 @@ def dead_offsets(root: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(
-    ("columns", "crash_at"),
-    [(False, None), (True, None), (True, "after_state_files"), (True, "after_sink_staging")],
-    ids=["records", "columns", "columns-crash-in-stage-2", "columns-crash-after-staging"],
+    ("columns", "crash_at", "reader"),
+    [
+        (False, None, "auto"),
+        (True, None, "auto"),
+        (True, "during_read", "auto"),
+        (True, "after_state_files", "auto"),
+        (True, "after_sink_staging", "auto"),
+        (True, "after_state_files", "spark"),
+    ],
+    ids=[
+        "records",
+        "columns",
+        "columns-crash-reading",
+        "columns-crash-after-state",
+        "columns-crash-after-staging",
+        "columns-jvm-reader-two-stages",
+    ],
 )
 def test_a_sink_only_dataflow_equals_the_reference_across_a_crash_and_a_rescale(
-    columns: bool, crash_at: str | None, spark, kafka_settings, topic: str, tmp_path: Path
-) -> None:
-    pipeline = dataflow(topic, tmp_path, columns)
+    columns: bool, crash_at: str | None, reader: str, spark, kafka_settings, topic: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    pipeline = dataflow(topic, tmp_path, columns, reader)
     assert (tap_values(pipeline) is not None) == columns
     runner = BatchRunner(spark, pipeline, kafka_settings)
     runner.run(BatchOptions(run_id="a"))
@@ -115,3 +133,49 @@ def test_a_sink_only_dataflow_equals_the_reference_across_a_crash_and_a_rescale(
     assert len(dead_offsets(tmp_path)) == len(BAD)
     assert sum(r.records_in for r in results) + 30 == N  # the first batch read 30
     assert results[-1].lag == {} or set(results[-1].lag.values()) == {0}
+
+
+@pytest.fixture(scope="module")
+def three_partitions(bootstrap, admin) -> str:
+    """The values spread over three partitions, round robin."""
+    from kafka import KafkaProducer
+
+    name = new_topic(admin, 3)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        for i in range(N):
+            producer.send(name, value=value(i), partition=i % 3)
+        producer.flush()
+    finally:
+        producer.close()
+    return name
+
+
+@pytest.mark.parametrize("reader", ["confluent", "python"])
+def test_a_sink_only_batch_is_one_spark_stage_without_an_exchange(
+    reader: str, spark, kafka_settings, three_partitions: str, tmp_path: Path
+) -> None:
+    """No record meets another, so nothing crosses an exchange: each instance's task reads
+    its ranges and stages its own output; the batch's totals are the instances' sum."""
+    pipeline = dataflow(three_partitions, tmp_path, columns=True, reader=reader, most=None)
+    runner = BatchRunner(spark, pipeline, kafka_settings)
+    group = f"one-stage-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "one sink-only batch")
+    try:
+        result = runner.run(BatchOptions(run_id="one"))
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    plan = runner.executor.last_frame._jdf.queryExecution().executedPlan().toString()
+    assert "Exchange" not in plan, plan
+    tracker = spark.sparkContext.statusTracker()
+    jobs = tracker.getJobIdsForGroup(group)
+    stages = [s for j in jobs for s in tracker.getJobInfo(j).stageIds]
+    assert len(stages) == 1, f"a sink-only batch ran Spark stages {stages}"
+    # Each instance read its partitions (two and one) and counted only their records: the
+    # batch's totals are the sum.
+    assert len(result.ranges) == 3
+    assert result.records_in == sum(r["until"] - r["from"] for r in result.ranges) == N
+    assert result.dead_letters == len(BAD)
+    assert output(tmp_path) == {
+        k: sorted(v, key=lambda r: r["auction"]) for k, v in reference().items()
+    }

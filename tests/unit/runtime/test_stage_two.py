@@ -148,3 +148,21 @@ def test_a_retried_or_speculative_task_writes_under_names_of_its_own(monkeypatch
         task = SimpleNamespace(attemptNumber=lambda n=number: n)
         monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda t=task: t))
         assert with_task_attempt("ab12") == names
+
+
+def test_rows_are_put_in_source_order_and_not_copied_when_they_already_are() -> None:
+    from microbatch.runtime.stage_two import in_source_order
+
+    rows = pa.table(
+        {
+            "topic": ["b", "a", "a", "a"],
+            "partition": [0, 1, 0, 0],
+            "offset": [5, 2, 9, 9],
+            "seq": [0, 0, 1, 0],
+            "value": ["b0-5", "a1-2", "a0-9/1", "a0-9/0"],
+        }
+    )
+    ordered = in_source_order(rows)
+    assert ordered.column("value").to_pylist() == ["a0-9/0", "a0-9/1", "a1-2", "b0-5"]
+    assert in_source_order(ordered) is ordered
+    assert in_source_order(rows.slice(0, 0)).num_rows == 0

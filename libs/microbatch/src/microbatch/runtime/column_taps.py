@@ -87,7 +87,9 @@ def tap_tables(pipeline: Any, rows: pa.Table) -> dict[str, pa.Table]:
     """An instance's ``output`` rows (in source order) as one table per sink."""
     sinks = tap_values(pipeline) or {}
     names = rows.column("key")
-    return {
-        sink: value_columns(rows.filter(pc.equal(names, sink.encode())), columns)
-        for sink, columns in sinks.items()
-    }
+    tables = {}
+    for sink, columns in sinks.items():
+        mine = pc.equal(names, sink.encode())
+        # One sink's rows are all of them: kept as they are, not copied.
+        tables[sink] = value_columns(rows if pc.all(mine).as_py() else rows.filter(mine), columns)
+    return tables

@@ -28,6 +28,7 @@ from microbatch.kafka.confluent_reader import confluent_problem
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
+from microbatch.runtime.one_stage import one_stage_frame, runs_in_one_stage, with_batch_totals
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.spine import spine_frame, step_results
@@ -88,7 +89,8 @@ class SparkExecutor:
         self.pipeline = pipeline
         self.settings = settings
         self.broker = broker
-        #: The DataFrame of the last dataflow batch (for its plan: ``explain()``).
+        #: The DataFrame of the last batch that read input or ran a dataflow (for its
+        #: plan: ``explain()``).
         self.last_frame: Any = None
         ship_user_code(pipeline)
 
@@ -112,17 +114,24 @@ class SparkExecutor:
         if not has_input(plan, pending):
             return Execution(self._collect(self._ticks_only(stage), stage), None)
         process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
-        envelopes, reader = self.stage_one(plan, process, pending)
+        reader = self.choose_reader(plan)
+        reissued = 0 if pending is None else pending.num_rows
+        if reader is not None and runs_in_one_stage(self.pipeline, reader, reissued):
+            reading = self.reading(process, reader)
+            frame = one_stage_frame(self.spark, plan.ranges, reading, stage)
+            self.last_frame = frame
+            results = self._collect(frame.collect(), stage)
+            return Execution(with_batch_totals(results, stage), reader)
+        envelopes = self.stage_one(plan, process, pending, reader)
         tick_rows = self._tick_rows(stage)
         ticked = envelopes.unionByName(tick_rows)
         # Partition i holds instance i (a hash could put two in one task), and all of it:
         # mapInArrow over it is the group, without the sort a groupBy adds.
-        rows = (
-            ticked.repartitionById(stage.parallelism, "instance")
-            .mapInArrow(_per_instance(stage), RESULT_DDL)
-            .collect()
+        frame = ticked.repartitionById(stage.parallelism, "instance").mapInArrow(
+            _per_instance(stage), RESULT_DDL
         )
-        return Execution(self._collect(rows, stage), reader)
+        self.last_frame = frame
+        return Execution(self._collect(frame.collect(), stage), reader)
 
     def execute_dataflow(
         self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
@@ -133,7 +142,8 @@ class SparkExecutor:
         reader = None
         if has_input(plan, pending):
             process = StageOne(self.pipeline, stage.parallelism, watermark, stage.crash_at)
-            envelopes, reader = self.stage_one(plan, process, pending)
+            reader = self.choose_reader(plan)
+            envelopes = self.stage_one(plan, process, pending, reader)
             rows = envelopes.unionByName(rows)
         frame = spine_frame(rows, stage)
         self.last_frame = frame  # what ran: its plan shows one exchange per keyed step
@@ -141,31 +151,51 @@ class SparkExecutor:
         return Execution(merged_results(first, steps), reader, steps)
 
     def stage_one(
-        self, plan: BatchPlan, process: StageOne, pending: pa.Table | None
-    ) -> tuple[Any, str | None]:
+        self, plan: BatchPlan, process: StageOne, pending: pa.Table | None, reader: str | None
+    ) -> Any:
         """The envelope rows of stage 1 (a DataFrame, not yet computed: stage 2's job runs
-        it) and the reader that reads the planned ranges."""
+        it), its planned ranges read by ``reader`` (:meth:`choose_reader`)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         tags = tags_of(self.pipeline)
         envelope_type = from_arrow_schema(tags.wire_schema(exchange_schema(self.pipeline)))
-        envelopes, reader = self.read_planned(plan, process, envelope_type)
+        envelopes = self.read_planned(plan, process, envelope_type, reader)
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
             reissue = dataclasses.replace(process, reissued=True)
             envelopes = envelopes.unionByName(rows.mapInArrow(reissue, envelope_type))
-        return envelopes, reader
+        return envelopes
 
     def read_planned(
-        self, plan: BatchPlan, process: StageOne, envelope_type: Any
-    ) -> tuple[Any, str | None]:
+        self, plan: BatchPlan, process: StageOne, envelope_type: Any, reader: str | None
+    ) -> Any:
         """``process`` over the records of the planned ranges, read by the pipeline's
         ``KafkaSource.reader`` choice: Spark's Kafka source in the JVM, then ``process`` in
         a ``mapInArrow`` over its rows; or kafka-python (or confluent-kafka) inside the
         ``mapInArrow`` tasks themselves, one range per task (``range_descriptors``)."""
+        if reader is None:
+            return self.spark.createDataFrame([], envelope_type)
+        source = self.pipeline.source
+        if reader == "spark":
+            rows = read_ranges_spark(
+                self.spark,
+                self.settings.kafka_bootstrap_servers,
+                plan.ranges,
+                consumer_config=self.settings.kafka_client_config(source.consumer_config),
+                view=self.broker(),
+            )
+            # Only the columns stage 1 reads cross from the JVM to Python.
+            return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type)
+        # None only without a non-empty range: plan.ranges holds only non-empty ones.
+        descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
+        return descriptors.mapInArrow(self.reading(process, reader), envelope_type)
+
+    def choose_reader(self, plan: BatchPlan) -> str | None:
+        """The reader of the planned ranges (None: there are none): the pipeline's
+        ``KafkaSource.reader``, with ``"auto"`` decided by what this machine and session
+        can do."""
         if not plan.ranges:
-            return self.spark.createDataFrame([], envelope_type), None
-        bootstrap = self.settings.kafka_bootstrap_servers
+            return None
         source = self.pipeline.source
         requested = source.reader
         config = self.settings.kafka_client_config(source.consumer_config)
@@ -180,20 +210,14 @@ class SparkExecutor:
             len(plan.ranges),
             _READER_NAMES.get(reader, "kafka-python"),
         )
-        if reader == "spark":
-            rows = read_ranges_spark(
-                self.spark,
-                bootstrap,
-                plan.ranges,
-                consumer_config=self.settings.kafka_client_config(source.consumer_config),
-                view=self.broker(),
-            )
-            # Only the columns stage 1 reads cross from the JVM to Python.
-            return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type), reader
-        # None only without a non-empty range: plan.ranges holds only non-empty ones.
-        descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
-        reading = ReadingStageOne(process, bootstrap, config, client=reader)
-        return descriptors.mapInArrow(reading, envelope_type), reader
+        return reader
+
+    def reading(self, process: StageOne, reader: str) -> ReadingStageOne:
+        """Stage 1 reading its ranges in its own tasks with ``reader``."""
+        config = self.settings.kafka_client_config(self.pipeline.source.consumer_config)
+        return ReadingStageOne(
+            process, self.settings.kafka_bootstrap_servers, config, client=reader
+        )
 
     def _tick_rows(self, stage: StageTwo) -> Any:
         """A ``tick`` row per instance, as stage 1's rows cross the exchange: so every

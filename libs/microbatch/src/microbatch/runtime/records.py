@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from microbatch.checkpoint import InstanceSnapshot, Manifest
@@ -55,6 +55,38 @@ class StageOneTotals:
     #: Per partition, the sums of the source offsets of its records, dead letters and
     #: pending rows: what lets instances tell that they saw the same stage-1 output.
     offset_sums: Mapping[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def sum_of(cls, parts: Iterable[StageOneTotals]) -> StageOneTotals:
+        """The totals of a batch whose stage 1 ran in parts that each saw their own
+        partitions' records (:mod:`.one_stage`): counts add up, event times take the max."""
+        inputs = records = dead = pending = 0
+        max_event: dict[str, int] = {}
+        per: dict[str, list[int]] = {}
+        sums: dict[str, list[int]] = {}
+        for part in parts:
+            inputs, records = inputs + part.inputs, records + part.records
+            dead, pending = dead + part.dead, pending + part.pending
+            for name, ts in part.max_event.items():
+                max_event[name] = max(ts, max_event.get(name, ts))
+            for name, c in part.per_partition.items():
+                counts = per.setdefault(name, [0, 0, 0])
+                counts[0], counts[1], counts[2] = (
+                    counts[0] + c.inputs, counts[1] + c.records, counts[2] + c.dead_letters
+                )  # fmt: skip
+            for name, offsets in part.offset_sums.items():
+                added = sums.setdefault(name, [0, 0, 0])
+                for i, n in enumerate(offsets):
+                    added[i] += n
+        return cls(
+            inputs=inputs,
+            records=records,
+            dead=dead,
+            pending=pending,
+            max_event=dict(sorted(max_event.items())),
+            per_partition={name: PartitionCounts(*c) for name, c in sorted(per.items())},
+            offset_sums={name: (s[0], s[1], s[2]) for name, s in sorted(sums.items())},
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -321,16 +321,21 @@ class StageOne:
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none), as
         they cross the exchange (:mod:`.wire`)."""
-        where = f"pipeline {self.pipeline.name!r} stage 1"
         tags = tags_of(self.pipeline)
+        return (tags.to_wire(batch) for batch in self.envelope_batches(batches))
+
+    def envelope_batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Kafka rows in, envelope rows out, with ``kind`` and ``topic`` as strings: what
+        a stage 2 in the same task takes (:mod:`.one_stage`)."""
+        where = f"pipeline {self.pipeline.name!r} stage 1"
         if self.pipeline.enrich is None:
             for batch in batches:
-                yield tags.to_wire(self.envelopes(batch))
+                yield self.envelopes(batch)
                 crash_if(self.crash_at, "during_read", where)
             return
         with gc_paused():  # a Kafka read in this task too: it allocates as much as the rest
             out = self.enriched(list(batches))
-        yield tags.to_wire(out)
+        yield out
         crash_if(self.crash_at, "during_read", where)
 
     def envelopes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -637,7 +642,11 @@ class ReadingStageOne:
             check_confluent(self.consumer_config)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        reading = read_descriptors(
+        return self.stage(self.read(batches))
+
+    def read(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The Kafka rows of the ranges ``batches`` describe."""
+        return read_descriptors(
             batches,
             self.bootstrap_servers,
             client=self.client,
@@ -645,7 +654,6 @@ class ReadingStageOne:
             consumer_config=self.consumer_config,
             source_only=True,  # stage 1 reads no timestamps or headers
         )
-        return self.stage(reading)
 
 
 def _source_columns(

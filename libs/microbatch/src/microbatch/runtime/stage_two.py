@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -297,12 +298,16 @@ class StageTwo:
                 cols["topic"], cols["partition"], cols["payload"], strict=True
             )
         )
+        return totals, self.event_time_after(totals)
+
+    def event_time_after(self, totals: StageOneTotals) -> WatermarkState:
+        """The event-time state the batch's stage-1 ``totals`` advance it to."""
         state = WatermarkState.from_json(self.event_time)
         if self.pipeline.event_time is not None:
             state = advance(
                 state, totals.max_event, self.processing_time_ms, self.pipeline.event_time
             )
-        return totals, state
+        return state
 
     def run(self, instance: int, table: pa.Table) -> InstanceResult:
         return self.run_step(instance, table)[0]
@@ -362,7 +367,7 @@ class StageTwo:
         tables: dict[str, pa.Table] = {}
         if self.step is None and pipeline.source_taps:
             rows = table.filter(pc.equal(table.column("kind"), OUTPUT))
-            rows = rows.sort_by([(c, "ascending") for c in SOURCE_ORDER])
+            rows = in_source_order(rows)
             if tap_values(pipeline) is not None:
                 tables = tap_tables(pipeline, rows)
             for name, payload in (
@@ -586,6 +591,15 @@ class StageTwo:
             },
         )
         return result, router
+
+
+def in_source_order(rows: pa.Table) -> pa.Table:
+    """``rows`` sorted by source position (:data:`SOURCE_ORDER`), not copied when they
+    already are: rows that never crossed an exchange (:mod:`.one_stage`) come in it."""
+    order = pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in SOURCE_ORDER])
+    if bool((np.diff(order.to_numpy()) == 1).all()):
+        return rows
+    return rows.take(order)
 
 
 def with_task_attempt(attempt: str) -> str:
