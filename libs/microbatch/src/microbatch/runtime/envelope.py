@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.runtime.records import PartitionCounts, StageOneTotals
+from microbatch.runtime.records import PartitionCounts, StageOneTotals, TotalsTally
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import partition_name
 from microbatch.state.codec import decode_value, decode_values, encode_value, encode_values
@@ -132,35 +132,11 @@ def stage_one_totals(stats: Iterable[tuple[str, int, PartitionStats]]) -> StageO
     advances by). A partition may be split over several tasks: counts add up, event
     times take the max. Stage 2 computes this in every instance; the driver checks that
     all instances agree."""
-    inputs = records = dead = pending = 0
-    max_event: dict[str, int] = {}
-    per: dict[str, list[int]] = {}
-    sums: dict[str, list[int]] = {}
+    tally = TotalsTally()
     for topic, part, s in stats:
-        name = partition_name(topic, part)
-        counts = per.setdefault(name, [0, 0, 0])
-        counts[0] += s.inputs
-        counts[1] += s.records
-        counts[2] += s.dead_letters
-        offsets = sums.setdefault(name, [0, 0, 0])
-        for i, n in enumerate(s.offset_sums):
-            offsets[i] += n
-        inputs += s.inputs
-        records += s.records
-        dead += s.dead_letters
-        pending += s.pending
-        if s.max_event is not None:
-            top = max_event.get(name)
-            max_event[name] = s.max_event if top is None else max(top, s.max_event)
-    return StageOneTotals(
-        inputs=inputs,
-        records=records,
-        dead=dead,
-        pending=pending,
-        max_event=dict(sorted(max_event.items())),
-        per_partition={name: PartitionCounts(*c) for name, c in sorted(per.items())},
-        offset_sums={name: (s[0], s[1], s[2]) for name, s in sorted(sums.items())},
-    )
+        counts = PartitionCounts(s.inputs, s.records, s.dead_letters)
+        tally.add(partition_name(topic, part), counts, s.pending, s.max_event, s.offset_sums)
+    return tally.totals()
 
 
 def encode_payload(value: Any) -> bytes:

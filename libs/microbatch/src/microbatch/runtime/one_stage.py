@@ -11,10 +11,9 @@ An instance sees only its own ranges, so its stage-1 totals are its share: the d
 adds them up and advances the watermark from the sum (:func:`with_batch_totals`), as
 each instance of a two-stage batch does from the ``stat`` rows all of them receive.
 
-The reading must happen in the tasks (kafka-python or confluent-kafka): Spark's JVM source
-gives a task per range, and without re-enrichment (an ``enrich`` step re-issues pending
-elements through rows of their own). Every other batch runs its two stages
-(:mod:`.execute`).
+It takes a reader that reads inside the tasks (kafka-python or confluent-kafka; Spark's
+JVM source gives a task per range) and no enrichment elements to re-issue (they come in
+rows of their own). Every other batch runs its two stages (:mod:`.execute`).
 """
 
 from __future__ import annotations

@@ -41,6 +41,43 @@ class PartitionCounts:
         return cls(body.get("inputs", 0), body.get("records", 0), body.get("dead_letters", 0))
 
 
+class TotalsTally:
+    """Stage-1 counts added up partition by partition. A partition may come in several
+    parts (tasks, instances): its counts add up, its event times take the max."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.max_event: dict[str, int] = {}
+        self.per: dict[str, list[int]] = {}
+        self.sums: dict[str, list[int]] = {}
+
+    def add(self, name: str, counts: PartitionCounts, pending: int, max_event: int | None,
+            offset_sums: tuple[int, int, int]) -> None:  # fmt: skip
+        per = self.per.setdefault(name, [0, 0, 0])
+        per[0] += counts.inputs
+        per[1] += counts.records
+        per[2] += counts.dead_letters
+        sums = self.sums.setdefault(name, [0, 0, 0])
+        for i, n in enumerate(offset_sums):
+            sums[i] += n
+        self.pending += pending
+        if max_event is not None:
+            top = self.max_event.get(name)
+            self.max_event[name] = max_event if top is None else max(top, max_event)
+
+    def totals(self) -> StageOneTotals:
+        per = self.per.values()
+        return StageOneTotals(
+            inputs=sum(c[0] for c in per),
+            records=sum(c[1] for c in per),
+            dead=sum(c[2] for c in per),
+            pending=self.pending,
+            max_event=dict(sorted(self.max_event.items())),
+            per_partition={name: PartitionCounts(*c) for name, c in sorted(self.per.items())},
+            offset_sums={name: (s[0], s[1], s[2]) for name, s in sorted(self.sums.items())},
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class StageOneTotals:
     """The batch's stage-1 counts, from every task's ``stat`` rows; ``max_event`` (the max
@@ -60,33 +97,13 @@ class StageOneTotals:
     def sum_of(cls, parts: Iterable[StageOneTotals]) -> StageOneTotals:
         """The totals of a batch whose stage 1 ran in parts that each saw their own
         partitions' records (:mod:`.one_stage`): counts add up, event times take the max."""
-        inputs = records = dead = pending = 0
-        max_event: dict[str, int] = {}
-        per: dict[str, list[int]] = {}
-        sums: dict[str, list[int]] = {}
+        tally = TotalsTally()
         for part in parts:
-            inputs, records = inputs + part.inputs, records + part.records
-            dead, pending = dead + part.dead, pending + part.pending
-            for name, ts in part.max_event.items():
-                max_event[name] = max(ts, max_event.get(name, ts))
-            for name, c in part.per_partition.items():
-                counts = per.setdefault(name, [0, 0, 0])
-                counts[0], counts[1], counts[2] = (
-                    counts[0] + c.inputs, counts[1] + c.records, counts[2] + c.dead_letters
-                )  # fmt: skip
-            for name, offsets in part.offset_sums.items():
-                added = sums.setdefault(name, [0, 0, 0])
-                for i, n in enumerate(offsets):
-                    added[i] += n
-        return cls(
-            inputs=inputs,
-            records=records,
-            dead=dead,
-            pending=pending,
-            max_event=dict(sorted(max_event.items())),
-            per_partition={name: PartitionCounts(*c) for name, c in sorted(per.items())},
-            offset_sums={name: (s[0], s[1], s[2]) for name, s in sorted(sums.items())},
-        )
+            for name, counts in part.per_partition.items():
+                sums = part.offset_sums.get(name, (0, 0, 0))
+                tally.add(name, counts, 0, part.max_event.get(name), sums)
+            tally.pending += part.pending
+        return tally.totals()
 
     def to_json(self) -> dict[str, Any]:
         return {
