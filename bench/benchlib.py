@@ -35,8 +35,8 @@ def load() -> str:
 
 
 def spark_cpu_seconds(spark: Any) -> float:
-    """CPU seconds so far of this process, the Spark JVM and every live process under it
-    (Python workers; reaped ones are in their parent's children times). Not the broker."""
+    """CPU seconds so far of this process, the Spark JVM and every process under it
+    (Python workers, also those gone: :func:`tree_cpu_seconds`). Not the broker."""
     return tree_cpu_seconds(spark.sparkContext._gateway.proc.pid)
 
 
@@ -103,11 +103,27 @@ def process_tree(root: int) -> dict[int, int]:
     return {pid: stats[pid][1] for pid in tree if pid in stats}
 
 
+#: Per root: the ticks of each process under it at the last call, and those of the
+#: processes gone since (see :func:`tree_cpu_seconds`).
+_LAST_SEEN: dict[int, dict[int, int]] = {}
+_GONE: dict[int, int] = {}
+
+
 def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds so far of this process plus ``root`` and every live process under it
-    (reaped children count in their parent's children times)."""
-    ticks = sum(process_tree(root).values())
+    """CPU seconds so far of this process plus ``root`` and every process under it; never
+    less than at the last call.
+
+    ``pyspark.daemon`` ignores SIGCHLD, so the kernel reaps its exited Python workers
+    without adding their times to its children times: a worker's CPU time would vanish
+    with it, and a run during which an idle worker of an earlier run exited would measure
+    less than nothing (Spark's q0 at 10M: -3.0 CPU-s). A process gone since the last call
+    keeps the ticks it had then."""
+    tree = process_tree(root)
+    last = _LAST_SEEN.get(root, {})
+    _GONE[root] = _GONE.get(root, 0) + sum(t for pid, t in last.items() if pid not in tree)
+    _LAST_SEEN[root] = tree
     own = os.times()
+    ticks = sum(tree.values()) + _GONE[root]
     return ticks / os.sysconf("SC_CLK_TCK") + own.user + own.system
 
 
