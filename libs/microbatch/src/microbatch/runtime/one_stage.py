@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,7 @@ from microbatch.errors import BatchError
 from microbatch.kafka.offsets import OffsetRange
 from microbatch.runtime.envelope import STAT, ticks
 from microbatch.runtime.records import InstanceResult, StageOneTotals
-from microbatch.runtime.stage_one import ReadingStageOne, gc_paused
+from microbatch.runtime.stage_one import ReadingStageOne
 from microbatch.runtime.stage_two import RESULT_DDL, StageTwo
 from microbatch.runtime.steps import sink_only
 from microbatch.runtime.windowed import exchange_schema
@@ -123,12 +122,7 @@ def one_stage(
         # Stage 1 sends a batch's ``stat`` rows to every instance; here there is only one.
         other = pc.not_equal(table.column("kind"), STAT)
         table = table.filter(pc.or_(other, pc.equal(table.column("instance"), instance)))
-        with gc_paused():
-            result = stage.run(instance, table)
-        body = json.dumps(result.to_json())
-        yield pa.RecordBatch.from_pydict(
-            {"instance": pa.array([instance], pa.int32()), "result": [body]}
-        )
+        yield from stage((instance,), table).to_batches()
 
     return per_instance
 
