@@ -19,8 +19,8 @@ from microbatch.runtime.columnar import batch_records
 from microbatch.runtime.decoding import event_time_ms
 from microbatch.runtime.envelope import DeadLetterDetail, partition_stats
 from microbatch.runtime.pipeline import Pipeline
+from microbatch.runtime.sorted_records import SortedRecords
 from microbatch.runtime.stage_one import StageOne
-from microbatch.runtime.stage_two import SortedRecords
 from tests.unit.runtime.test_stage_one import Noop, kafka_batch
 
 SCHEMA = JsonSchema({"auction": "long", "bidder": "string", "price": "long", "ts": "long"},

@@ -15,7 +15,8 @@ from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pip
 from microbatch.runtime.envelope import ENVELOPE_SCHEMA, EnvelopeBuilder
 from microbatch.runtime.protocol import agreed_stage_one
 from microbatch.runtime.records import StageOneTotals
-from microbatch.runtime.stage_two import SortedRecords, StageTwo, key_runs
+from microbatch.runtime.sorted_records import SortedRecords, key_runs
+from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.watermark import WatermarkState
 from microbatch.settings import Settings
 
@@ -151,7 +152,7 @@ def test_a_retried_or_speculative_task_writes_under_names_of_its_own(monkeypatch
 
 
 def test_rows_are_put_in_source_order_and_not_copied_when_they_already_are() -> None:
-    from microbatch.runtime.stage_two import in_source_order
+    from microbatch.runtime.sorted_records import in_source_order
 
     rows = pa.table(
         {

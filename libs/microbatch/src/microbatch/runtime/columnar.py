@@ -315,7 +315,7 @@ def consumed_per_partition(topic: pa.Array, part: pa.Array) -> Counter[tuple[str
 
 def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
     """How stage 2 gets the records ``[i, j)`` of an instance's records in processing
-    order (``recs``: a ``stage_two.SortedRecords``): :class:`LazyRecords` over the
+    order (``recs``: a ``sorted_records.SortedRecords``): :class:`LazyRecords` over the
     columns, or (payload pipelines) a :class:`DecodedRecords` list decoded now. Both give
     the records' columns (``columns()``) for windows."""
     values = columnar_values(pipeline)

@@ -33,26 +33,23 @@ import hashlib
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import instance_runs, restore_instance
-from microbatch.errors import CheckpointError, ProcessError, error_text
-from microbatch.keygroups import decode_key, encode_key, key_group_of_bytes, key_group_range
+from microbatch.errors import CheckpointError
+from microbatch.keygroups import encode_key, key_group_of_bytes, key_group_range
 from microbatch.runtime.column_plan import tap_values
 from microbatch.runtime.column_taps import tap_tables
 from microbatch.runtime.columnar import PayloadRuns, batch_records
 from microbatch.runtime.envelope import (
-    DEAD_LETTER,
     OUTPUT,
     PENDING,
-    RECORD,
     STAT,
-    DeadLetterDetail,
     decode_payload,
     decode_payloads,
     partition_stats,
@@ -60,12 +57,13 @@ from microbatch.runtime.envelope import (
 )
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.graph import first_uid, sides
+from microbatch.runtime.keyed_calls import DeadLetters, KeyCalls
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
+from microbatch.runtime.process import KeyedProcessFunction, Sided
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
+from microbatch.runtime.sorted_records import SortedRecords, in_source_order, key_runs
 from microbatch.runtime.stage_one import gc_paused
-from microbatch.runtime.steps import FOR
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import carries_partials, run_partials, run_windows
 from microbatch.runtime.wire import tags_of
@@ -90,114 +88,6 @@ if TYPE_CHECKING:
     from microbatch.windows.api import WindowedAggregation
 
 RESULT_DDL = "instance INT, result STRING"
-SOURCE_ORDER = ("topic", "partition", "offset", "seq")
-
-
-class _KeyBackup:
-    """The state and timers of one key, to undo a failed call (dead-letter policy)."""
-
-    def __init__(self, backend: KeyedStateBackend, kg: int, key_bytes: bytes) -> None:
-        self.backend, self.kg, self.key_bytes = backend, kg, key_bytes
-        self.entries = {
-            name: _copy(table.get(key_bytes))
-            for name, table in backend.groups.get(kg, {}).items()
-            if key_bytes in table
-        }
-        self.timers = backend.timers.of_key(kg, key_bytes)
-        self.processing_timers = backend.processing_timers.of_key(kg, key_bytes)
-
-    def restore(self) -> None:
-        for name, table in self.backend.groups.get(self.kg, {}).items():
-            if name in self.entries:
-                table[self.key_bytes] = _copy(self.entries[name])
-            else:
-                table.pop(self.key_bytes, None)
-        for ts in self.backend.timers.of_key(self.kg, self.key_bytes):
-            self.backend.delete_timer(self.kg, self.key_bytes, ts)
-        for ts in self.timers:
-            self.backend.register_timer(self.kg, self.key_bytes, ts)
-        for ts in self.backend.processing_timers.of_key(self.kg, self.key_bytes):
-            self.backend.delete_processing_timer(self.kg, self.key_bytes, ts)
-        for ts in self.processing_timers:
-            self.backend.register_processing_timer(self.kg, self.key_bytes, ts)
-
-
-def _copy(entry: Any) -> Any:
-    if isinstance(entry, list):
-        return list(entry)
-    if isinstance(entry, dict):
-        return dict(entry)
-    return entry
-
-
-class SortedRecords:
-    """The ``record`` rows of an instance's table in processing order — key bytes, then
-    source order — as row indices into the table; a column is taken in that order only
-    when asked for (a key's fields are taken when ``process()`` reads its records).
-
-    Sorted on ranks, not on the bytes themselves: each distinct key (and topic) is ranked
-    among the distinct ones and the rows are sorted by integers — the same order as
-    sorting on the binary columns, several times faster."""
-
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
-        mask = pc.equal(table.column("kind"), RECORD)
-        order = table.select(["key", *SOURCE_ORDER]).filter(mask)
-        ranks = pa.table(
-            {
-                "key": _ranks(order.column("key")),
-                "topic": _ranks(order.column("topic")),
-                **{c: order.column(c) for c in SOURCE_ORDER[1:]},
-            }
-        )
-        by = pc.sort_indices(ranks, sort_keys=[(c, "ascending") for c in ("key", *SOURCE_ORDER)])
-        self.rows = pc.indices_nonzero(mask).take(by)
-        self.num_rows = len(self.rows)
-        self._taken: dict[str, pa.ChunkedArray] = {}
-
-    def column(self, name: str) -> pa.ChunkedArray:
-        if name not in self._taken:
-            self._taken[name] = self.table.column(name).take(self.rows)
-        return self._taken[name]
-
-    def at(self, name: str, positions: pa.Array) -> pa.Array | pa.ChunkedArray:
-        """Column ``name`` at the given positions of the processing order only."""
-        return self.table.column(name).take(self.rows.take(positions))
-
-    def select(self, names: list[str]) -> pa.Table:
-        return pa.table({name: self.column(name) for name in names})
-
-    def source(self, i: int) -> dict[str, Any]:
-        """Topic, partition and offset of the ``i``-th record (for errors)."""
-        row = self.rows[i].as_py()
-        at = {c: self.table.column(c)[row].as_py() for c in ("topic", "partition", "offset")}
-        at["topic"] = at["topic"].split(FOR)[0]  # the source's topic, or ``@<step>``
-        return at
-
-    def sides(self, side_of: dict[str, int]) -> list[int]:
-        """The input side of each record, in processing order (a join's)."""
-        tags = [t.split(FOR)[0] for t in self.column("topic").to_pylist()]
-        return [side_of[t] for t in tags]
-
-
-def _ranks(column: pa.ChunkedArray) -> pa.Array:
-    """Each value's place among the column's distinct values, in ascending order."""
-    column = column.combine_chunks()
-    distinct = pc.unique(column)
-    return pc.index_in(column, value_set=distinct.take(pc.sort_indices(distinct)))
-
-
-def key_runs(keys: pa.ChunkedArray | pa.Array) -> list[tuple[int, int]]:
-    """``[start, end)`` of each key's run of rows in a sorted, non-null key column: found
-    by Arrow in C (each key compared with the one before), not by a Python scan."""
-    n = len(keys)
-    if n == 0:
-        return []
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    changed = pc.not_equal(keys.slice(1), keys.slice(0, n - 1))
-    starts = [0, *(pc.indices_nonzero(changed).to_numpy() + 1).tolist()]
-    return list(zip(starts, [*starts[1:], n], strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,63 +211,12 @@ class StageTwo:
         watermark_before = WatermarkState.from_json(self.event_time).watermark
         store = open_store(pipeline.checkpoints, self.settings)
         state = self.open_state(store, instance)
-        backend = state.backend
-        fetched_before = dataclasses.replace(state.cache.stats)
-
-        dead: list[dict[str, Any]] = []
         stats: Counter[str] = Counter()
-        process_fn = self.process_fn
-
-        own_uid = self.step or pipeline.uid
-
-        def dead_letter(reason: str, error: str, **src: Any) -> None:
-            stats[f"dead_letters.{reason}"] += 1
-            dead.append(
-                {
-                    "pipeline": pipeline.name,
-                    "batch_id": self.batch_id,
-                    "reason": reason,
-                    "error": error,
-                    "topic": src.get("topic"),
-                    "partition": src.get("partition"),
-                    "offset": src.get("offset"),
-                    "attempts": src.get("attempts"),
-                    "raw_key": src.get("raw_key"),
-                    "raw_value": src.get("raw_value"),
-                    "step": src.get("step", own_uid),
-                }
-            )
-
-        router = Router(self._where(instance), pipeline, self.step, self.parallelism, dead_letter)
+        dead = DeadLetters(pipeline.name, self.batch_id, self.step or pipeline.uid, stats)
+        dead.add_rows_of(table)
+        router = Router(self._where(instance), pipeline, self.step, self.parallelism, dead)
         outputs = router.outputs
-
-        # Dead letters of stage 1 (and of the steps before), in source order.
-        dl = table.filter(pc.equal(table.column("kind"), DEAD_LETTER))
-        dl = dl.sort_by([(c, "ascending") for c in SOURCE_ORDER])
-        for row in dl.select(["topic", "partition", "offset", "payload"]).to_pylist():
-            detail = DeadLetterDetail.from_payload(row["payload"])
-            dead_letter(
-                detail.reason, detail.error, topic=row["topic"], partition=row["partition"],
-                offset=row["offset"], attempts=detail.attempts, raw_key=detail.raw_key,
-                raw_value=detail.raw_value, step=detail.step,
-            )  # fmt: skip
-
-        # The records stage 1 sent to sinks fed before the first keyed step: as columns
-        # (a dataflow without keyed steps, of a declared schema), else as payloads.
-        tables: dict[str, pa.Table] = {}
-        if self.step is None and pipeline.source_taps:
-            rows = table.filter(pc.equal(table.column("kind"), OUTPUT))
-            rows = in_source_order(rows)
-            if tap_values(pipeline) is not None:
-                tables = tap_tables(pipeline, rows)
-            for name, payload in (
-                ()
-                if tables
-                else zip(
-                    rows.column("key").to_pylist(), rows.column("payload").to_pylist(), strict=True
-                )
-            ):
-                outputs[name.decode()].append(decode_payload(payload))
+        tables = self._source_taps(table, outputs)
 
         # Step 2: process() per key (or, for windows, the whole batch's columns).
         recs = SortedRecords(table)
@@ -386,163 +225,21 @@ class StageTwo:
         keys = recs.column("key").take(firsts).to_pylist()  # one per run: distinct, sorted
         key_groups = recs.at("key_group", firsts).to_pylist()
         stats["records"] = recs.num_rows
-        if not state.migrated:
-            try:
-                load_keys(state.cache, state.runs, backend, dict.fromkeys(keys), state.loaded)
-                if watermark is not None:
-                    stats["timers_due"] = load_due_timers(
-                        state.cache, state.runs, backend, watermark, state.loaded
-                    )
-                groups = state.timer_groups()
-                if groups:  # the index of only the key-groups that have such timers
-                    stats["processing_timers_due"] = load_due_timers(
-                        state.cache, state.runs, backend, self.processing_time_ms,
-                        state.loaded, PROCESSING_TIMER, groups,
-                    )  # fmt: skip
-            except CheckpointError as e:
-                raise CheckpointError(
-                    f"{self._where(instance)}: loading the state of key-groups "
-                    f"{backend.key_groups} from base checkpoint {state.base_id} failed: {e}"
-                ) from e
-        stats["keys_loaded"] = len(state.loaded.timers)
-        restored = state.cache.stats.since(fetched_before)
-        stats["state_requests"] = restored["requests"]
-        stats["state_bytes_fetched"] = restored["bytes"]
+        restored = self._load_state(state, keys, watermark, instance, stats)
         t_restore = time.perf_counter()
-        if self.step is None:
-            records_of = batch_records(pipeline, recs)
-        else:  # records handed on by the step before: always payloads
-            payloads = recs.column("payload").to_pylist()
-            records_of = PayloadRuns(payloads, decode_payloads)
-        side_of = sides(pipeline, self.step if self.step is not None else first_uid(pipeline))
-        if side_of is not None:  # a join: each record with the side it came in on
-            record_sides = recs.sides(side_of)
-            plain_records = records_of
-
-            def records_of(i: int, j: int) -> list[Sided]:
-                pairs = zip(record_sides[i:j], plain_records(i, j), strict=True)
-                return [Sided(*pair) for pair in pairs]
-
-        source = recs.source
-        maxp = pipeline.max_parallelism
-
-        def dead_letters_of(ctx: ProcessContext) -> None:
-            """What ``ctx.dead_letter`` sent: dead letters naming the step and the key."""
-            for reason, error, record in ctx.dead:
-                body = record.record if isinstance(record, Sided) else record
-                dead_letter(
-                    reason, f"{self._step_name}key {ctx.key!r}: {error}",
-                    raw_value=json.dumps(body, default=str).encode(),
-                )  # fmt: skip
-
-        if getattr(process_fn, "columnar", False) and carries_partials(table):
-            emitted: list[Any] = []  # stage 1 pre-aggregated: partials, no records
-            operator = cast("WindowedAggregation", process_fn).operator
-            stats.update(run_partials(operator, backend, table, watermark, emitted.append))
-        elif getattr(process_fn, "columnar", False):
-            emitted = []
-            everything = records_of(0, recs.num_rows)
-            stats.update(
-                run_windows(
-                    cast("WindowedAggregation", process_fn).operator,
-                    backend,
-                    everything.columns(),
-                    recs.column("key"),
-                    recs.column("partition"),
-                    recs.column("offset"),
-                    recs.column("event_ts"),
-                    watermark_before,
-                    watermark,
-                    emitted.append,
-                    lambda reason, error, i: dead_letter(
-                        reason,
-                        error,
-                        raw_value=json.dumps(everything.record(i), default=str).encode(),
-                        **source(i),
-                    ),
-                )
-            )
-        if getattr(process_fn, "columnar", False):
-            kg_of: dict[Any, int] = {}
-            by_group: dict[int, list[Any]] = {}
-            for row in emitted:
-                key = row.get("key") if isinstance(row, dict) else None
-                cached = type(key) is int or type(key) is str
-                kg = kg_of.get(key) if cached else None
-                if kg is None:
-                    kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
-                    if cached:
-                        kg_of[key] = kg
-                if router.single:
-                    router.main(row, kg)
-                else:
-                    by_group.setdefault(kg, []).append((None, row))
-            for kg, run in by_group.items():
-                router.emit(run, kg)
-            runs = []  # no per-key calls (zip below stops at once)
-        for (i, j), key_bytes, kg in zip(runs, keys, key_groups, strict=False):
-            records = records_of(i, j)
-            key = decode_key(key_bytes)
-            backup = (
-                _KeyBackup(backend, kg, key_bytes) if pipeline.on_process_error != "fail" else None
-            )
-            ctx = ProcessContext(
-                backend.for_key(key), watermark, self.processing_time_ms,
-                watermark_before=watermark_before,
-            )  # fmt: skip
-            try:
-                process_fn.process(key, records, ctx)
-            except Exception as e:
-                at = source(i)
-                first = f"{at['topic']}[{at['partition']}]@{at['offset']}"
-                if backup is None:
-                    raise ProcessError(
-                        f"{self._where(instance)}: process() raised for key {key!r} "
-                        f"(key-group {kg}, {j - i} records from {first}): {error_text(e)}. "
-                        "Fix the function, or set on_process_error='dead_letter'."
-                    ) from e
-                backup.restore()
-                for r in range(i, j):
-                    dead_letter(
-                        "process_failed", error_text(e), **source(r),
-                        raw_value=json.dumps(records[r - i], default=str).encode(),
-                    )  # fmt: skip
-            else:
-                router.emit(ctx.emitted, kg)
-                dead_letters_of(ctx)
-            stats["keys"] += 1
+        records_of = self._records_of(recs)
+        calls = KeyCalls(
+            self._where(instance), self._step_name, pipeline, self.process_fn, state.backend,
+            watermark, watermark_before, self.processing_time_ms, router, dead,
+        )  # fmt: skip
+        if getattr(self.process_fn, "columnar", False):
+            self._run_columnar(table, recs, records_of, state.backend, watermark_before,
+                               watermark, router, dead)  # fmt: skip
+        else:
+            calls.process_keys(runs, keys, key_groups, records_of, recs.source)
 
         # Step 3: timers, event time first.
-        domain = "event_time"
-
-        def on_timer(key_ctx: Any, ts: int) -> None:
-            stats["timers_fired" if domain == "event_time" else "processing_timers_fired"] += 1
-            ctx = ProcessContext(
-                key_ctx, watermark, self.processing_time_ms, domain, watermark_before
-            )
-            backup = None
-            if pipeline.on_process_error != "fail":
-                backup = _KeyBackup(backend, key_ctx.key_group, key_ctx.key_bytes)
-            try:
-                process_fn.on_timer(key_ctx.key, ts, ctx)
-            except Exception as e:
-                if backup is None:
-                    raise ProcessError(
-                        f"{self._where(instance)}: on_timer() raised for key {key_ctx.key!r} "
-                        f"timer {ts}: {error_text(e)}. Fix the function, or set "
-                        "on_process_error='dead_letter'."
-                    ) from e
-                backup.restore()
-                body = {"key": repr(key_ctx.key), "timer": ts}
-                dead_letter("timer_failed", error_text(e), raw_value=json.dumps(body).encode())
-            else:
-                router.emit(ctx.emitted, key_ctx.key_group)
-                dead_letters_of(ctx)
-
-        if watermark is not None:
-            backend.advance_watermark(watermark, on_timer)
-        domain = "processing_time"
-        backend.advance_processing_time(self.processing_time_ms, on_timer)
+        calls.fire_timers()
         t_process = time.perf_counter()
 
         # Step 4: the run of the keys it changed.
@@ -565,11 +262,12 @@ class StageTwo:
                 staged[sink.name] = sink.stage(stage_ctx, outputs[sink.name])
         if self.is_last:
             if pipeline.dead_letters is not None:
-                staged[pipeline.dead_letters.name] = pipeline.dead_letters.stage(stage_ctx, dead)
+                sink = pipeline.dead_letters
+                staged[sink.name] = sink.stage(stage_ctx, dead.rows)
         else:
-            router.forward_dead_letters(dead, instance)
+            router.forward_dead_letters(dead.rows, instance)
         t_stage = time.perf_counter()
-        stats["dead_letters"] = len(dead)
+        stats["dead_letters"] = len(dead.rows)
         for name, rows in outputs.items():
             stats[f"out.{name}"] = len(rows)
         for name, columns in tables.items():
@@ -592,14 +290,116 @@ class StageTwo:
         )
         return result, router
 
+    def _source_taps(self, table: pa.Table, outputs: dict[str, list[Any]]) -> dict[str, pa.Table]:
+        """The records stage 1 sent to sinks fed before the first keyed step: as columns
+        (returned per sink: a dataflow without keyed steps, of a declared schema), else
+        appended to ``outputs`` as records."""
+        pipeline = self.pipeline
+        if self.step is not None or not pipeline.source_taps:
+            return {}
+        rows = in_source_order(table.filter(pc.equal(table.column("kind"), OUTPUT)))
+        if tap_values(pipeline) is not None:
+            tables = tap_tables(pipeline, rows)
+            if tables:
+                return tables
+        names, payloads = rows.column("key").to_pylist(), rows.column("payload").to_pylist()
+        for name, payload in zip(names, payloads, strict=True):
+            outputs[name.decode()].append(decode_payload(payload))
+        return {}
 
-def in_source_order(rows: pa.Table) -> pa.Table:
-    """``rows`` sorted by source position (:data:`SOURCE_ORDER`), not copied when they
-    already are: rows that never crossed an exchange (:mod:`.one_stage`) come in it."""
-    order = pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in SOURCE_ORDER])
-    if bool((np.diff(order.to_numpy()) == 1).all()):
-        return rows
-    return rows.take(order)
+    def _load_state(
+        self, state: InstanceState, keys: list[bytes], watermark: int | None, instance: int,
+        stats: Counter[str],
+    ) -> dict[str, int]:  # fmt: skip
+        """Step 1: load the batch's keys and the keys with timers due from the base's runs
+        (a migrated base is already whole); what was fetched."""
+        backend = state.backend
+        fetched_before = dataclasses.replace(state.cache.stats)
+        if not state.migrated:
+            try:
+                load_keys(state.cache, state.runs, backend, dict.fromkeys(keys), state.loaded)
+                if watermark is not None:
+                    stats["timers_due"] = load_due_timers(
+                        state.cache, state.runs, backend, watermark, state.loaded
+                    )
+                groups = state.timer_groups()
+                if groups:  # the index of only the key-groups that have such timers
+                    stats["processing_timers_due"] = load_due_timers(
+                        state.cache, state.runs, backend, self.processing_time_ms,
+                        state.loaded, PROCESSING_TIMER, groups,
+                    )  # fmt: skip
+            except CheckpointError as e:
+                raise CheckpointError(
+                    f"{self._where(instance)}: loading the state of key-groups "
+                    f"{backend.key_groups} from base checkpoint {state.base_id} failed: {e}"
+                ) from e
+        stats["keys_loaded"] = len(state.loaded.timers)
+        restored = state.cache.stats.since(fetched_before)
+        stats["state_requests"] = restored["requests"]
+        stats["state_bytes_fetched"] = restored["bytes"]
+        return restored
+
+    def _records_of(self, recs: SortedRecords) -> Callable[[int, int], Any]:
+        """The records at positions ``[i, j)`` of the processing order: with the side
+        each came in on, for a join."""
+        pipeline = self.pipeline
+        if self.step is None:
+            records_of = batch_records(pipeline, recs)
+        else:  # records handed on by the step before: always payloads
+            records_of = PayloadRuns(recs.column("payload").to_pylist(), decode_payloads)
+        side_of = sides(pipeline, self.step if self.step is not None else first_uid(pipeline))
+        if side_of is None:
+            return records_of
+        record_sides, plain_records = recs.sides(side_of), records_of
+
+        def sided(i: int, j: int) -> list[Sided]:
+            pairs = zip(record_sides[i:j], plain_records(i, j), strict=True)
+            return [Sided(*pair) for pair in pairs]
+
+        return sided
+
+    def _run_columnar(
+        self, table: pa.Table, recs: SortedRecords, records_of: Any, backend: KeyedStateBackend,
+        watermark_before: int | None, watermark: int | None, router: Router, dead: DeadLetters,
+    ) -> None:  # fmt: skip
+        """A window over the whole batch's columns (or over stage 1's partials), its
+        results handed to the router grouped by their key's key-group."""
+        operator = cast("WindowedAggregation", self.process_fn).operator
+        emitted: list[Any] = []
+        if carries_partials(table):  # stage 1 pre-aggregated: partials, no records
+            dead.stats.update(run_partials(operator, backend, table, watermark, emitted.append))
+        else:
+            everything = records_of(0, recs.num_rows)
+            source = recs.source
+            dead.stats.update(
+                run_windows(
+                    operator, backend, everything.columns(), recs.column("key"),
+                    recs.column("partition"), recs.column("offset"), recs.column("event_ts"),
+                    watermark_before, watermark, emitted.append,
+                    lambda reason, error, i: dead(
+                        reason, error,
+                        raw_value=json.dumps(everything.record(i), default=str).encode(),
+                        **source(i),
+                    ),
+                )
+            )  # fmt: skip
+        maxp = self.pipeline.max_parallelism
+        kg_of: dict[Any, int] = {}
+        by_group: dict[int, list[Any]] = {}
+        for row in emitted:
+            key = row.get("key") if isinstance(row, dict) else None
+            cached = type(key) is int or type(key) is str
+            kg = kg_of.get(key) if cached else None
+            if kg is None:
+                kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
+                if cached:
+                    kg_of[key] = kg
+            if router.single:
+                router.main(row, kg)
+            else:
+                by_group.setdefault(kg, []).append((None, row))
+        for kg, run in by_group.items():
+            router.emit(run, kg)
 
 
 def with_task_attempt(attempt: str) -> str:
