@@ -14,6 +14,7 @@ from microbatch.keygroups import (
     key_group,
     key_group_range,
     operator_index,
+    operator_indexes,
 )
 
 
@@ -74,6 +75,25 @@ def test_key_encoding_is_pinned_across_processes_and_versions():
     assert encode_key(b"\x01") == b"y\x01"
     assert encode_key(("a", 1)) == b"t\x00\x00\x00\x02\x00\x00\x00\x02sa\x00\x00\x00\x02i\x01"
     assert [key_group(k, 128) for k in ("a", "user-42", 7, b"x", ("a", 1))] == [62, 16, 37, 86, 127]
+
+
+def test_subclasses_of_str_and_int_encode_as_their_values():
+    class Name(str):
+        pass
+
+    class Count(int):
+        pass
+
+    assert encode_key(Name("user-42")) == encode_key("user-42") == b"suser-42"
+    assert encode_key(Count(-129)) == encode_key(-129) == b"i\xff\x7f"
+    assert encode_key(2**70) == b"i" + (2**70).to_bytes(9, "big", signed=True)
+
+
+@pytest.mark.parametrize(("max_p", "p"), [(1, 1), (10, 3), (128, 2), (128, 128), (32768, 7)])
+def test_the_operator_index_table_is_operator_index_of_every_key_group(max_p, p):
+    assert operator_indexes(max_p, p) == tuple(operator_index(kg, max_p, p) for kg in range(max_p))
+    with pytest.raises(StateError, match="parallelism"):
+        operator_indexes(max_p, max_p + 1)
 
 
 def test_distinct_types_with_same_text_get_distinct_bytes():

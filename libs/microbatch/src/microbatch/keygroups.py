@@ -27,6 +27,7 @@ the salted built-in ``hash()``). One tag byte, then:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from collections.abc import Iterator
 from typing import Union
@@ -44,6 +45,11 @@ _U32 = struct.Struct(">I")
 
 def encode_key(key: Key) -> bytes:
     """The canonical bytes of ``key`` (see the module docstring)."""
+    # The common exact types first: this runs once per distinct key of a batch.
+    if type(key) is str:
+        return b"s" + key.encode("utf-8")
+    if type(key) is int:
+        return b"i" + key.to_bytes((key.bit_length() + 8) // 8, "big", signed=True)
     if isinstance(key, str):
         return b"s" + key.encode("utf-8")
     if isinstance(key, bool):
@@ -179,3 +185,11 @@ def operator_index(key_group: int, max_parallelism: int, parallelism: int) -> in
     if not isinstance(key_group, int) or not (0 <= key_group < max_parallelism):
         raise StateError(f"key-group must be in 0..{max_parallelism - 1}: {key_group!r}")
     return key_group * parallelism // max_parallelism
+
+
+@functools.lru_cache(maxsize=64)
+def operator_indexes(max_parallelism: int, parallelism: int) -> tuple[int, ...]:
+    """:func:`operator_index` of every key-group, in key-group order: a hot path's lookup
+    table (one check of the arguments, not one per record)."""
+    check_parallelism(parallelism, max_parallelism)
+    return tuple(kg * parallelism // max_parallelism for kg in range(max_parallelism))

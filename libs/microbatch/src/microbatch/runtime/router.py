@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from microbatch.errors import ConfigError, MicrobatchError, ProcessError, error_text
-from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.keygroups import encode_key, key_group_of_bytes, operator_indexes
 from microbatch.runtime.decoding import event_time_ms
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
@@ -108,6 +108,7 @@ class Router:
         self._count = [0] * pipeline.max_parallelism  # rows handed on per key-group
         self._rows = _Rows()
         self._keys: dict[Any, Placed] = {}
+        self._instance_of = operator_indexes(pipeline.max_parallelism, parallelism)
         #: The one way a call's records go on all at once (:mod:`.handon`): along a single
         #: edge without steps, keyed by a field, besides taps without steps of their own
         #: (a tap's function could change a record before the edge encodes it).
@@ -240,9 +241,8 @@ class Router:
 
     def _place(self, key_bytes: bytes) -> Placed:
         """(key bytes, key-group, instance) of a key of the next step."""
-        maxp = self.pipeline.max_parallelism
-        kg = key_group_of_bytes(key_bytes, maxp)
-        return key_bytes, kg, operator_index(kg, maxp, self.parallelism)
+        kg = key_group_of_bytes(key_bytes, self.pipeline.max_parallelism)
+        return key_bytes, kg, self._instance_of[kg]
 
     def _event_time(self, record: Any, way: _Way) -> int | bool | None:
         """The record's event time for the next step (None: it has none), or False after

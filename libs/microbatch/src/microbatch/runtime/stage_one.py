@@ -22,7 +22,7 @@ import pyarrow as pa
 from microbatch.errors import MicrobatchError, ProcessError, error_text
 from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
-from microbatch.keygroups import encode_key, key_group_of_bytes, operator_index
+from microbatch.keygroups import encode_key, key_group_of_bytes, operator_indexes
 from microbatch.runtime.column_plan import columnar_values, record_column_steps
 from microbatch.runtime.column_records import records_from_columns
 from microbatch.runtime.column_taps import tap_envelopes
@@ -151,8 +151,7 @@ class StageOne:
     @functools.cached_property
     def _instance_of(self) -> tuple[int, ...]:
         """The operator instance of each key-group, computed once per task."""
-        maxp = self.pipeline.max_parallelism
-        return tuple(operator_index(kg, maxp, self.parallelism) for kg in range(maxp))
+        return operator_indexes(self.pipeline.max_parallelism, self.parallelism)
 
     @functools.cached_property
     def _late_before(self) -> int | None:
