@@ -262,19 +262,28 @@ def range_descriptors(
     pieces = split_ranges(ranges, max_records_per_task)
     if not pieces:
         return None
-    table = F.array(
-        *[
-            F.struct(
-                F.lit(p.topic).alias("topic"),
-                F.lit(p.partition).alias("partition"),
-                F.lit(p.start).cast("bigint").alias("start"),
-                F.lit(p.end).cast("bigint").alias("end"),
-            )
-            for p in pieces
-        ]
-    )
+    rows = [
+        F.struct(
+            F.lit(p.topic).alias("topic"),
+            F.lit(p.partition).alias("partition"),
+            F.lit(p.start).cast("bigint").alias("start"),
+            F.lit(p.end).cast("bigint").alias("end"),
+        )
+        for p in pieces
+    ]
+    return literal_rows(spark, rows, len(pieces))
+
+
+def literal_rows(spark: SparkSession, rows: list[Any], slices: int) -> DataFrame:
+    """A DataFrame of the struct columns ``rows``, in order, as ``slices`` Spark partitions
+    of ``len(rows) / slices`` consecutive rows each: ``spark.range`` over the row numbers,
+    each number replaced by its row, so no shuffle and no adaptive coalescing can move a
+    row to another partition."""
+    from pyspark.sql import functions as F
+
+    table = F.array(*rows)
     return (
-        spark.range(0, len(pieces), 1, len(pieces))
+        spark.range(0, len(rows), 1, slices)
         .select(F.element_at(table, (F.col("id") + 1).cast("int")).alias("r"))
         .select("r.*")
     )

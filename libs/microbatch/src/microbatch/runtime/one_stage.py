@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from microbatch.errors import BatchError
 from microbatch.kafka.offsets import OffsetRange
+from microbatch.kafka.reader import literal_rows
 from microbatch.runtime.envelope import STAT, ticks
 from microbatch.runtime.records import InstanceResult, StageOneTotals
 from microbatch.runtime.stage_one import ReadingStageOne
@@ -69,8 +70,8 @@ def instance_descriptors(
 ) -> DataFrame:
     """Rows ``(instance, topic, partition, start, end)``, one Spark partition per instance
     holding its dealt ranges, and a row with a null topic where it has none (so every
-    instance runs). ``spark.range`` over ``parallelism × m`` ids in ``parallelism``
-    slices puts ids ``[k·m, (k+1)·m)`` in slice ``k``: no shuffle decides the grouping."""
+    instance runs): ``parallelism × m`` rows in ``parallelism`` slices put rows
+    ``[k·m, (k+1)·m)`` in slice ``k`` (:func:`~microbatch.kafka.reader.literal_rows`)."""
     from pyspark.sql import functions as F
 
     dealt = deal_ranges(ranges, parallelism)
@@ -88,12 +89,7 @@ def instance_descriptors(
                     F.lit(r and r.end).cast("bigint").alias("end"),
                 )
             )
-    table = F.array(*rows)
-    return (
-        spark.range(0, parallelism * m, 1, parallelism)
-        .select(F.element_at(table, (F.col("id") + 1).cast("int")).alias("r"))
-        .select("r.*")
-    )
+    return literal_rows(spark, rows, parallelism)
 
 
 def one_stage(
