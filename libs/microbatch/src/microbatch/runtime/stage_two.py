@@ -218,7 +218,7 @@ class StageTwo:
         outputs = router.outputs
         tables = self._source_taps(table, outputs)
 
-        # Step 2: process() per key (or, for windows, the whole batch's columns).
+        # Step 1: the batch's keys in processing order, and their state.
         recs = SortedRecords(table)
         runs = key_runs(recs.column("key"))
         firsts = pa.array([i for i, _ in runs], pa.int64())
@@ -227,6 +227,8 @@ class StageTwo:
         stats["records"] = recs.num_rows
         restored = self._load_state(state, keys, watermark, instance, stats)
         t_restore = time.perf_counter()
+
+        # Step 2: process() per key (or, for windows, the whole batch's columns).
         records_of = self._records_of(recs)
         calls = KeyCalls(
             self._where(instance), self._step_name, pipeline, self.process_fn, state.backend,
