@@ -192,4 +192,4 @@ def operator_indexes(max_parallelism: int, parallelism: int) -> tuple[int, ...]:
     """:func:`operator_index` of every key-group, in key-group order: a hot path's lookup
     table (one check of the arguments, not one per record)."""
     check_parallelism(parallelism, max_parallelism)
-    return tuple(kg * parallelism // max_parallelism for kg in range(max_parallelism))
+    return tuple(operator_index(kg, max_parallelism, parallelism) for kg in range(max_parallelism))

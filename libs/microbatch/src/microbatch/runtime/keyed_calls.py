@@ -25,7 +25,7 @@ from microbatch.runtime.envelope import DEAD_LETTER, DeadLetterDetail
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
 from microbatch.runtime.router import Router
-from microbatch.runtime.sorted_records import SOURCE_ORDER
+from microbatch.runtime.sorted_records import in_source_order
 from microbatch.state import KeyedStateBackend
 
 
@@ -59,8 +59,7 @@ class DeadLetters:
 
     def add_rows_of(self, table: pa.Table) -> None:
         """The dead letters of stage 1 and of the steps before, in source order."""
-        rows = table.filter(pc.equal(table.column("kind"), DEAD_LETTER))
-        rows = rows.sort_by([(c, "ascending") for c in SOURCE_ORDER])
+        rows = in_source_order(table.filter(pc.equal(table.column("kind"), DEAD_LETTER)))
         for row in rows.select(["topic", "partition", "offset", "payload"]).to_pylist():
             detail = DeadLetterDetail.from_payload(row["payload"])
             self(
