@@ -272,8 +272,8 @@ def read_range_confluent(
                     seen = max(seen, records[-1].offset() + 1)
                     pending.extend(records)
                     if len(pending) >= batch_rows:
-                        yield _batch(r.topic, r.partition, pending, source_only)
-                        pending = []
+                        batch, pending = _batch(r.topic, r.partition, pending, source_only), []
+                        yield batch  # the messages freed first: see microbatch.gcpause
             failed = [e for e in client_errors if e.code() in auth]
             if failed:
                 raise SourceError(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from microbatch.errors import ConfigError, DataLossError, SourceError
+from microbatch.gcpause import paused_while_producing
 from microbatch.kafka.offsets import OffsetRange
 
 if TYPE_CHECKING:
@@ -220,8 +221,8 @@ def read_range(
             if records:
                 pending.extend(records)
                 if len(pending) >= batch_rows:
-                    yield _to_batch(r.topic, r.partition, pending, source_only)
-                    pending = []
+                    batch, pending = _to_batch(r.topic, r.partition, pending, source_only), []
+                    yield batch  # the records freed first: see microbatch.gcpause
             new_position = consumer.position(tp)
             if new_position > position:
                 position = new_position
@@ -312,13 +313,17 @@ def read_descriptors(
     for batch in batches:
         for row in batch.to_pylist():
             piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])
-            yield from read(
-                bootstrap_servers,
-                piece,
-                batch_rows=batch_rows,
-                poll_timeout_s=poll_timeout_s,
-                consumer_config=consumer_config,
-                source_only=source_only,
+            # The collector paused while a range is read: each batch holds tens of
+            # thousands of fresh (acyclic) message objects (:mod:`microbatch.gcpause`).
+            yield from paused_while_producing(
+                read(
+                    bootstrap_servers,
+                    piece,
+                    batch_rows=batch_rows,
+                    poll_timeout_s=poll_timeout_s,
+                    consumer_config=consumer_config,
+                    source_only=source_only,
+                )
             )
 
 

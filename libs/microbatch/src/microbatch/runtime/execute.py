@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import BatchError, ConfigError
+from microbatch.gcpause import freeze_in_spark_worker
 from microbatch.kafka import BatchPlan, BrokerView
 from microbatch.kafka.confluent_reader import confluent_problem
 from microbatch.kafka.reader import range_descriptors
@@ -238,6 +239,7 @@ class SparkExecutor:
         schema = exchange_schema(self.pipeline)
 
         def per_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            freeze_in_spark_worker()
             for batch in batches:
                 for instance in batch.column("id").to_pylist():
                     yield from stage((instance,), ticks([instance], schema)).to_batches()
@@ -265,6 +267,7 @@ def _per_instance(
     """The mapInArrow body over one ``repartitionById`` partition: one whole instance."""
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_in_spark_worker()
         received = list(batches)
         table = pa.Table.from_batches(received) if received else None  # the stage decodes it
         instances = [] if table is None else pc.unique(table.column("instance")).to_pylist()

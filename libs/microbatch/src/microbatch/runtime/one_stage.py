@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import BatchError
+from microbatch.gcpause import freeze_in_spark_worker
 from microbatch.kafka.offsets import OffsetRange
 from microbatch.kafka.reader import literal_rows
 from microbatch.runtime.envelope import STAT, ticks
@@ -100,6 +101,7 @@ def one_stage(
     pipeline = stage.pipeline
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_in_spark_worker()
         descriptors = pa.Table.from_batches(list(batches))
         instances = pc.unique(descriptors.column("instance")).to_pylist()
         if len(instances) != 1:

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import BatchError
+from microbatch.gcpause import freeze_in_spark_worker, gc_paused
 from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RECORD, RESULT, STAT, ticks
 from microbatch.runtime.records import InstanceResult
-from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.wire import Tags, tags_of
@@ -58,6 +58,7 @@ def step_instance(stage: StageTwo) -> Body:
     wire_envelope = tags.wire_schema(ENVELOPE_SCHEMA)
 
     def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_in_spark_worker()
         for rows in _rows_of_instance(batches):
             yield from tags.to_wire(rows).to_batches()
 
@@ -93,6 +94,7 @@ def step_instance(stage: StageTwo) -> Body:
         with gc_paused():  # as a single-operator pipeline's stage 2 (StageTwo.__call__)
             result, router = stage.run_step(instance, own)
             forward = None if stage.is_last else router.forward_rows()
+            del router  # its rows freed while paused (see microbatch.gcpause)
         yield table.filter(earlier)
         yield pa.Table.from_batches([result_row(stage.step or "", result)])
         if forward is None:

@@ -7,10 +7,8 @@ the task's deadline become ``pending`` rows; every task ends with its ``stat`` r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import json
 import time
 from collections import Counter
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from microbatch.errors import MicrobatchError, ProcessError, error_text
+from microbatch.gcpause import freeze_in_spark_worker, gc_paused
 from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_indexes
@@ -97,24 +96,6 @@ class _Bad(Exception):
         super().__init__(error)
         self.reason = reason
         self.error = error
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector around a task's bulk work.
-
-    A task holds hundreds of thousands of live records, so each full collection walks all
-    of them (~10 % of stage 1) while finding little: records are acyclic. Reference
-    counting still frees everything; cycles made meanwhile are collected afterwards.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -320,6 +301,7 @@ class StageOne:
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """mapInArrow body: Kafka rows in, envelope rows out (same count, minus none), as
         they cross the exchange (:mod:`.wire`)."""
+        freeze_in_spark_worker()
         tags = tags_of(self.pipeline)
         return (tags.to_wire(batch) for batch in self.envelope_batches(batches))
 
@@ -350,7 +332,9 @@ class StageOne:
         topics, parts = batch.column("topic").to_pylist(), batch.column("partition").to_pylist()
         with gc_paused():
             self.add_rows(out, topics, parts, *_source_columns(batch, SOURCE_COLUMNS[2:]))
-            return out.build(Counter(zip(topics, parts, strict=True)), self.parallelism)
+            built = out.build(Counter(zip(topics, parts, strict=True)), self.parallelism)
+            del out  # its row tuples freed while paused (see microbatch.gcpause)
+        return built
 
     @functools.cached_property
     def column_sources(self) -> dict[int, tuple[ColumnStep, ...]]:

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import instance_runs, restore_instance
 from microbatch.errors import CheckpointError
+from microbatch.gcpause import gc_paused
 from microbatch.keygroups import encode_key, key_group_of_bytes, key_group_range
 from microbatch.runtime.column_plan import tap_values
 from microbatch.runtime.column_taps import tap_tables
@@ -63,7 +64,6 @@ from microbatch.runtime.process import KeyedProcessFunction, Sided
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.sorted_records import SortedRecords, in_source_order, key_runs
-from microbatch.runtime.stage_one import gc_paused
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import carries_partials, run_partials, run_windows
 from microbatch.runtime.wire import tags_of
