@@ -67,6 +67,24 @@ def test_an_error_of_the_producer_reaches_the_caller_with_the_collector_on() -> 
     assert gc.isenabled()
 
 
+def test_stopping_early_closes_the_producer_at_once() -> None:
+    closed: list[bool] = []
+
+    def produce() -> Iterator[int]:
+        try:
+            yield from range(10)
+        finally:
+            closed.append(True)  # a reader closes its Kafka consumer here
+
+    producer = produce()  # still referenced: only an explicit close runs its finally now
+    items = paused_while_producing(producer)
+    assert next(items) == 0
+    items.close()
+
+    assert closed == [True]
+    assert gc.isenabled()
+
+
 def test_nothing_is_frozen_outside_a_spark_task(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gcpause, "_frozen", False)
     before = gc.get_freeze_count()
