@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from microbatch.errors import StateError
-from microbatch.keygroups import KeyGroupRange, key_group
+from microbatch.keygroups import KeyGroupRange, encode_key, key_group
 from microbatch.state import KeyedStateBackend
 
 
@@ -102,6 +102,13 @@ def test_key_outside_instance_range_is_refused(clock):
     b = KeyedStateBackend(16, other if not other.is_empty else KeyGroupRange(0, kg - 1))
     with pytest.raises(StateError, match=f"key-group {kg}"):
         b.for_key("a")
+    with pytest.raises(StateError, match=f"key-group {kg}"):
+        b.for_placed("a", encode_key("a"), kg)  # a batch's placement is checked too
+
+
+def test_a_placed_key_reaches_the_same_state_as_for_key(backend):
+    backend.for_placed("a", encode_key("a"), key_group("a", 16)).value("s").set(1)
+    assert backend.for_key("a").value("s").get() == 1
 
 
 def test_writes_mark_the_key_group_dirty(backend):
@@ -185,6 +192,17 @@ def test_timer_callback_sees_state_and_can_register_due_timers(backend):
 
     backend.advance_watermark(20, on_timer)
     assert seen == [("a", 10, 1), ("a", 15, 1)]
+
+
+def test_a_keys_timer_stamps_are_a_snapshot(backend):
+    ctx = backend.for_key("a")
+    assert backend.timers.stamps(ctx.key_group, ctx.key_bytes) == frozenset()
+    ctx.register_timer(10)
+    before = backend.timers.stamps(ctx.key_group, ctx.key_bytes)
+    ctx.register_timer(20)
+    ctx.delete_timer(10)
+    assert before == {10}  # what a checkpoint compares against stays as it was
+    assert backend.timers.stamps(ctx.key_group, ctx.key_bytes) == {20}
 
 
 def test_late_watermark_fires_nothing(backend):

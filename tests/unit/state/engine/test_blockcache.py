@@ -171,3 +171,18 @@ def test_a_run_this_process_wrote_is_read_back_without_fetching(store, tmp_path)
 
     assert found == {key(1, 7): b"v7", key(1, 2999): b"v2999"}
     assert reader.stats.requests == 0
+
+
+def test_a_run_kept_from_the_encoders_batches_reads_as_one_decoded(store, tmp_path) -> None:
+    entries = [(key(1, n), b"v%d" % n) for n in range(3000)]
+    plain: list = []
+    data, index = encode_run(entries, block_bytes=512, plain=plain)
+    ref = RunRef("runs/mine.arrow", "runs/mine.index.arrow", 0, 15, len(data))
+    for name, given in (("from-encoder", plain), ("decoded", None), ("wrong-count", plain[:1])):
+        writer = BlockCache(store, tmp_path / name)
+        writer.keep_run(ref, data, index.to_bytes(), given)
+
+        reader = BlockCache(store, tmp_path / name)
+        keys = [k for k, _ in entries]
+        assert lookup(reader, [ref], keys) == dict(entries), name
+        assert reader.stats.requests == 0, name

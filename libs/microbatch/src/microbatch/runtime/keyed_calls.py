@@ -109,7 +109,7 @@ class KeyCalls:
             key = decode_key(key_bytes)
             backup = KeyBackup(backend, kg, key_bytes) if self.undo else None
             ctx = ProcessContext(
-                backend.for_key(key), self.watermark, self.processing_time_ms,
+                backend.for_placed(key, key_bytes, kg), self.watermark, self.processing_time_ms,
                 watermark_before=self.before,
             )  # fmt: skip
             try:

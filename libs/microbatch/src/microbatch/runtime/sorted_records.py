@@ -66,8 +66,10 @@ class SortedRecords:
 
     def sides(self, side_of: dict[str, int]) -> list[int]:
         """The input side of each record, in processing order (a join's)."""
-        tags = [t.split(FOR)[0] for t in self.column("topic").to_pylist()]
-        return [side_of[t] for t in tags]
+        topics = self.column("topic").combine_chunks().dictionary_encode()
+        codes = [side_of[t.split(FOR)[0]] for t in topics.dictionary.to_pylist()]
+        sides: list[int] = np.array(codes, dtype=np.int64)[topics.indices.to_numpy()].tolist()
+        return sides
 
 
 def _ranks(column: pa.ChunkedArray) -> pa.Array:

@@ -355,8 +355,7 @@ class StageTwo:
         record_sides, plain_records = recs.sides(side_of), records_of
 
         def sided(i: int, j: int) -> list[Sided]:
-            pairs = zip(record_sides[i:j], plain_records(i, j), strict=True)
-            return [Sided(*pair) for pair in pairs]
+            return list(map(Sided, record_sides[i:j], plain_records(i, j)))
 
         return sided
 

@@ -124,6 +124,16 @@ class KeyedStateBackend:
             )
         return KeyContext(self, key, key_bytes, kg)
 
+    def for_placed(self, key: Key, key_bytes: bytes, kg: int) -> KeyContext:
+        """:meth:`for_key` for a key whose canonical bytes and key-group the caller has
+        (a batch's records carry both): not encoded and hashed again per call."""
+        if kg not in self.key_groups:
+            raise StateError(
+                f"key {key!r} is in key-group {kg}, outside this instance's key-groups "
+                f"{self.key_groups}: route records by key-group before keyed processing"
+            )
+        return KeyContext(self, key, key_bytes, kg)
+
     def register_timer(self, kg: int, key_bytes: bytes, timestamp: int) -> None:
         self._register(self.timers, kg, key_bytes, timestamp)
 

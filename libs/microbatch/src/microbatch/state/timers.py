@@ -25,6 +25,10 @@ class Timer:
     key_bytes: bytes
 
 
+#: A key without timers (shared: snapshots are never changed in place).
+NO_STAMPS: frozenset[int] = frozenset()
+
+
 class TimerQueue:
     """Per key-group timer sets plus one heap for firing order."""
 
@@ -62,6 +66,12 @@ class TimerQueue:
 
     def of_key(self, key_group: int, key_bytes: bytes) -> list[int]:
         return sorted(self._by_key.get((key_group, key_bytes), ()))
+
+    def stamps(self, key_group: int, key_bytes: bytes) -> frozenset[int]:
+        """The key's timestamps as a snapshot, unsorted: what a checkpoint compares
+        before and after a batch, per key, most often with no timers at all."""
+        live = self._by_key.get((key_group, key_bytes))
+        return frozenset(live) if live else NO_STAMPS
 
     def of_group(self, key_group: int) -> list[tuple[int, bytes]]:
         return sorted(self._live.get(key_group, ()))

@@ -262,15 +262,23 @@ class BlockCache:
             _, dropped = self._decoded.popitem(last=False)
             self._decoded_size -= dropped.size
 
-    def keep_run(self, ref: RunRef, data: bytes, index: bytes) -> None:
+    def keep_run(
+        self, ref: RunRef, data: bytes, index: bytes, plain: list[pa.RecordBatch] | None = None
+    ) -> None:
         """Put a run this process just wrote into the disk cache (its index and blocks),
-        so the next batch on this machine does not fetch back what it uploaded."""
+        so the next batch on this machine does not fetch back what it uploaded.
+        ``plain``: the blocks' batches as ``encode_run`` gave them, else decoded here."""
         if self.directory is None:
             return
         parsed = RunIndex.from_bytes(index, f"run {ref.data}")
         self._keep(ref.index, "index", index)
         self._indexes[ref.index] = parsed
+        if plain is not None and len(plain) != len(parsed.blocks):
+            plain = None  # not this run's blocks: decode them instead
         for n, b in enumerate(parsed.blocks):
+            if plain is not None:
+                self._keep_plain(ref, n, plain[n])
+                continue
             where = f"run {ref.data} block {n}"
             self._keep_plain(ref, n, decode_batch(data[b.offset : b.offset + b.length], b, where))
 

@@ -31,6 +31,8 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
+import pyarrow as pa
+
 from microbatch.keygroups import KeyGroupRange, key_group_of_bytes
 from microbatch.state.backend import KeyedStateBackend
 from microbatch.state.engine.blockcache import BlockCache, CacheStats, RunRef, lookup, scan
@@ -47,6 +49,7 @@ from microbatch.state.engine.bundle import (
 )
 from microbatch.state.engine.compaction import runs_to_merge
 from microbatch.state.engine.runs import Entry, composite, encode_run, merge, split
+from microbatch.state.timers import NO_STAMPS
 from microbatch.storage import ObjectStore
 
 #: Blocks fetched at a time while a merge streams through a run.
@@ -65,9 +68,11 @@ class Loaded:
     """What was loaded into the backend: each key's timers as they were (the write
     compares against them), and how many keys had state."""
 
-    timers: dict[tuple[int, bytes], set[int]] = dataclasses.field(default_factory=dict)
+    timers: dict[tuple[int, bytes], frozenset[int]] = dataclasses.field(default_factory=dict)
     #: Each loaded key's processing-time timers as they were.
-    processing_timers: dict[tuple[int, bytes], set[int]] = dataclasses.field(default_factory=dict)
+    processing_timers: dict[tuple[int, bytes], frozenset[int]] = dataclasses.field(
+        default_factory=dict
+    )
     keys_found: int = 0
     #: The loaded keys that had state (for the key counts).
     found: set[tuple[int, bytes]] = dataclasses.field(default_factory=set)
@@ -99,8 +104,8 @@ def load_keys(
             backend.import_key(kg, kb, rows)
             loaded.keys_found += 1
             loaded.found.add((kg, kb))
-        loaded.timers[kg, kb] = set(backend.timers.of_key(kg, kb))
-        loaded.processing_timers[kg, kb] = set(backend.processing_timers.of_key(kg, kb))
+        loaded.timers[kg, kb] = backend.timers.stamps(kg, kb)
+        loaded.processing_timers[kg, kb] = backend.processing_timers.stamps(kg, kb)
 
 
 def load_due_timers(
@@ -143,15 +148,16 @@ def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
             out.append((state_key(kg, kb), bundle))
         if had != (bundle is not None):
             changes[kg] = changes.get(kg, 0) + (-1 if had else 1)
-        now = set(backend.timers.of_key(kg, kb))
-        before = loaded.timers.get((kg, kb), set())
-        out += [(timer_key(kg, ts, kb), b"") for ts in now - before]
-        out += [(timer_key(kg, ts, kb), None) for ts in before - now]
-        now = set(backend.processing_timers.of_key(kg, kb))
-        before = loaded.processing_timers.get((kg, kb), set())
-        out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), b"") for ts in now - before]
-        out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), None) for ts in before - now]
+        now = backend.timers.stamps(kg, kb)
+        before = loaded.timers.get((kg, kb), NO_STAMPS)
+        if now != before:  # most keys: no timers before or after, or the same ones
+            out += [(timer_key(kg, ts, kb), b"") for ts in now - before]
+            out += [(timer_key(kg, ts, kb), None) for ts in before - now]
+        now = backend.processing_timers.stamps(kg, kb)
+        before = loaded.processing_timers.get((kg, kb), NO_STAMPS)
         if now != before:
+            out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), b"") for ts in now - before]
+            out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), None) for ts in before - now]
             ptc = loaded.processing_timer_changes
             ptc[kg] = ptc.get(kg, 0) + len(now - before) - len(before - now)
     out.sort(key=lambda e: e[0])
@@ -246,13 +252,15 @@ def write_batch_run(
     rewritten about once per tier). A batch without changes writes and merges nothing."""
     if not entries:
         return Written(tuple(view), 0, 0)
-    data, index = encode_run(entries)
+    plain: list[pa.RecordBatch] = []
+    data, index = encode_run(entries, plain=plain)
     take = runs_to_merge([len(data), *(size_in_range(cache, r) for r in view)]) - 1
     if take > 0:
         older = view[:take]
         streams = [iter(entries), *(iter_entries(cache, r) for r in older)]
         merged = merge(streams, keep_deletions=take < len(view))
-        data, index = encode_run(merged)
+        plain = []
+        data, index = encode_run(merged, plain=plain)
     else:
         take = 0
     rest = tuple(view[take:])
@@ -263,7 +271,7 @@ def write_batch_run(
     store.put(data_key, data)
     store.put(index_key, index_bytes)
     ref = RunRef(data_key, index_key, key_groups.start, key_groups.end, len(data))
-    cache.keep_run(ref, data, index_bytes)  # the next batch here reads it locally
+    cache.keep_run(ref, data, index_bytes, plain)  # the next batch here reads it locally
     return Written((ref, *rest), len(data) + len(index_bytes), take)
 
 

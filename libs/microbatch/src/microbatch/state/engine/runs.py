@@ -161,8 +161,13 @@ class RunIndex:
             raise CheckpointError(f"{where}: the run index cannot be read ({e})") from e
 
 
-def encode_run(entries: Iterable[Entry], block_bytes: int = BLOCK_BYTES) -> tuple[bytes, RunIndex]:
-    """A run's data file and index from ``entries`` in strictly ascending sort-key order."""
+def encode_run(
+    entries: Iterable[Entry],
+    block_bytes: int = BLOCK_BYTES,
+    plain: list[pa.RecordBatch] | None = None,
+) -> tuple[bytes, RunIndex]:
+    """A run's data file and index from ``entries`` in strictly ascending sort-key order;
+    each block's batch also appended to ``plain`` if given (what the block decodes to)."""
     sink = pa.BufferOutputStream()
     writer = ipc.new_file(sink, SCHEMA, options=_OPTIONS)
     spans: list[tuple[bytes, bytes, int, int, int]] = []
@@ -179,6 +184,8 @@ def encode_run(entries: Iterable[Entry], block_bytes: int = BLOCK_BYTES) -> tupl
             schema=SCHEMA,
         )
         writer.write_batch(batch)
+        if plain is not None:
+            plain.append(batch)
         first, last = composite(kgs[0], keys[0]), composite(kgs[-1], keys[-1])
         spans.append((first, last, start, sink.tell() - start, len(keys)))
         kgs.clear()
