@@ -252,15 +252,15 @@ def write_batch_run(
     rewritten about once per tier). A batch without changes writes and merges nothing."""
     if not entries:
         return Written(tuple(view), 0, 0)
-    plain: list[pa.RecordBatch] = []
+    plain: list[pa.RecordBatch] | None = []  # the batch's blocks, for the local cache
     data, index = encode_run(entries, plain=plain)
     take = runs_to_merge([len(data), *(size_in_range(cache, r) for r in view)]) - 1
     if take > 0:
         older = view[:take]
         streams = [iter(entries), *(iter_entries(cache, r) for r in older)]
         merged = merge(streams, keep_deletions=take < len(view))
-        plain = []
-        data, index = encode_run(merged, plain=plain)
+        data, index = encode_run(merged)
+        plain = None  # a merge may be large: keep_run decodes its blocks one at a time
     else:
         take = 0
     rest = tuple(view[take:])
