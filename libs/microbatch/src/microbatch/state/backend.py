@@ -116,13 +116,7 @@ class KeyedStateBackend:
     def for_key(self, key: Key) -> KeyContext:
         """A context for ``key``; refused if the key is not in this instance's key-groups."""
         key_bytes = encode_key(key)
-        kg = key_group_of_bytes(key_bytes, self.max_parallelism)
-        if kg not in self.key_groups:
-            raise StateError(
-                f"key {key!r} is in key-group {kg}, outside this instance's key-groups "
-                f"{self.key_groups}: route records by key-group before keyed processing"
-            )
-        return KeyContext(self, key, key_bytes, kg)
+        return self.for_placed(key, key_bytes, key_group_of_bytes(key_bytes, self.max_parallelism))
 
     def for_placed(self, key: Key, key_bytes: bytes, kg: int) -> KeyContext:
         """:meth:`for_key` for a key whose canonical bytes and key-group the caller has
