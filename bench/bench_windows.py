@@ -292,7 +292,8 @@ def run(settings: Settings, args: argparse.Namespace, work: Path) -> None:
             run_structured_streaming(spark, bootstrap, warm_topic, work / "w-ss")
 
         def microbatch_run(i: int, name: str) -> None:
-            before, cpu, stage_id = load(), spark_cpu_seconds(spark), last_stage_id(spark)
+            stage_id = last_stage_id(spark)  # before the CPU count: the REST call is the bench's
+            before, cpu = load(), spark_cpu_seconds(spark)
             log(f"[{i + 1}] {ENGINES[name]}: one batch over the topic ({before}) ...")
             pipeline = make_pipeline(
                 f"bench-{name}-{tag}-{i}",
