@@ -99,6 +99,21 @@ def test_two_keyed_steps_reading_one_stream_build_a_graph_of_edges() -> None:
     ]
 
 
+def test_steps_run_by_depth_so_a_branch_off_the_source_rides_through_fewer_exchanges() -> None:
+    f = flow()
+    payments = f.source(KafkaSource(topics=("t",)))
+    spend = payments.key_by("card").process(Echo(), uid="spend")
+    spend.key_by("card").process(Echo(), uid="alerts").to(sink("alerts"))
+    payments.key_by("merchant").process(Echo(), uid="merchants").to(sink("merchants"))
+    pipe = f.build()
+    assert pipe.keyed_uids == ("spend", "merchants", "alerts")  # written: spend, alerts, ...
+    assert [(e.origin, e.target) for e in pipe.edges] == [
+        (0, "spend"),
+        (0, "merchants"),
+        ("spend", "alerts"),
+    ]
+
+
 def test_a_source_feeding_a_later_step_and_a_union_after_keyed_steps_build_edges() -> None:
     f = flow()
     orders = f.source(KafkaSource(topics=("orders",)))

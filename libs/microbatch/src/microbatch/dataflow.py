@@ -170,7 +170,7 @@ class Dataflow:
                 f"{where}: the source of {topics} feeds no keyed step; key it and give it "
                 "to one (or union() it with a stream that is)"
             )
-        first, *rest = self._steps
+        first, *rest = steps = self._run_order()
         several = len(self._sources) > 1
         source = combined_source(self._sources, where) if several else self._sources[0]
         settings = {
@@ -210,7 +210,7 @@ class Dataflow:
                 strand.chain,
                 side,
             )
-            for step in self._steps
+            for step in steps
             for strand, key, side in step.inputs
         )
         inputs = tuple(Input(s, columns=columns.get(i, ())) for i, s in enumerate(self._sources))
@@ -223,6 +223,18 @@ class Dataflow:
             edges=edges,
             **settings,
         )
+
+    def _run_order(self) -> list[_Keyed]:
+        """The keyed steps in the order a batch runs them: by depth (a step fed only by
+        sources first), then as defined. Each step's input rows ride through the
+        exchanges of the steps run between it and the step that made them: a branch off
+        a source runs before the steps chained after another branch, so its records cross
+        one exchange less for each of those."""
+        depth: dict[str, int] = {}
+        for step in self._steps:  # defined after what feeds it: its inputs' depths are known
+            fed_by = [s.origin.uid for s, _, _ in step.inputs if not isinstance(s.origin, int)]
+            depth[step.uid] = 1 + max((depth[uid] for uid in fed_by), default=0)
+        return sorted(self._steps, key=lambda step: depth[step.uid])
 
     def _sinks_only(self, where: str) -> Pipeline:
         """A dataflow without keyed steps — source, stateless steps, sinks — as a pipeline

@@ -51,6 +51,7 @@ from microbatch.runtime.graph import (
     step_order,
 )
 from microbatch.runtime.pipeline import KafkaSource, Pipeline, input_of
+from microbatch.runtime.routed_runs import Placed, routed_rows
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
 from microbatch.runtime.steps import (
     Chain,
@@ -254,6 +255,46 @@ class StageOne:
         return key_bytes, key_group_of_bytes(key_bytes, self.pipeline.max_parallelism)
 
     @functools.cached_property
+    def _placed_keys(self) -> dict[Any, Placed]:
+        """(key bytes, key-group, instance) of the ``str``/``int`` keys a graph's runs met."""
+        return {}
+
+    def _place(self, key: Any) -> Placed:
+        key_bytes = encode_key(key)
+        kg = key_group_of_bytes(key_bytes, self.pipeline.max_parallelism)
+        return key_bytes, kg, self._instance_of[kg]
+
+    def routes_in_runs(self, topic: str) -> bool:
+        """Can a run of ``topic``'s records go through the graph's routes at once
+        (:mod:`.routed_runs`)? When they meet no sink before the first keyed step."""
+        pipeline = self.pipeline
+        return bool(pipeline.edges) and not self._sinks_only and not self._source_taps.get(topic)
+
+    def add_run(
+        self,
+        out: EnvelopeBuilder,
+        topic: str,
+        parts: Sequence[int],
+        offs: Sequence[int],
+        seqs: Sequence[int],
+        records: Sequence[Any],
+    ) -> bool:
+        """:meth:`add_records` of each record at once (:meth:`routes_in_runs` must hold);
+        False, with nothing added, when some record needs the record-by-record path."""
+        if len(self._placed_keys) >= _KEYS_REMEMBERED:
+            self._placed_keys.clear()
+        et = self.pipeline.event_time
+        rows = routed_rows(
+            self._routes[topic], topic, parts, offs, seqs, records,
+            time_field=None if et is None else et.field, known=self._placed_keys,
+            place=self._place,
+        )  # fmt: skip
+        if rows is None:
+            return False
+        out.rows.extend(rows)
+        return True
+
+    @functools.cached_property
     def _inputs(self) -> dict[str, tuple[Any, Any, tuple[Any, ...]]]:
         """Per topic of several sources: (value schema, decoder, stateless prefix)."""
         return {
@@ -346,7 +387,10 @@ class StageOne:
         self, out: EnvelopeBuilder, topics: list[str], parts: list[int], offs: list[int],
         rkeys: list[bytes | None], rvalues: list[bytes | None],
     ) -> None:  # fmt: skip
-        """Kafka rows, record by record: decoded, through the stateless steps, keyed."""
+        """Kafka rows, record by record: decoded, through the stateless steps, keyed (or,
+        in a dataflow graph, all at once when none of them needs a second look)."""
+        if self._decoded_as_run(out, topics, parts, offs, rvalues):
+            return
         filters, has_prefix, plain = self._plain_filters, self.has_prefix, self._plain_decoder
         for topic, part, off, rkey, rvalue in zip(topics, parts, offs, rkeys, rvalues, strict=True):
             try:
@@ -370,6 +414,31 @@ class StageOne:
             except _Bad as bad:
                 out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
                          rkey, rvalue)  # fmt: skip
+
+    def _decoded_as_run(
+        self,
+        out: EnvelopeBuilder,
+        topics: list[str],
+        parts: list[int],
+        offs: list[int],
+        rvalues: list[bytes | None],
+    ) -> bool:
+        """A batch of one topic of one plain source, decoded and routed through a graph
+        as one run (:meth:`add_run`); False (nothing added) when one of its rows needs
+        the record-by-record path (undecodable, a tombstone, a dead letter later on)."""
+        plain = self._plain_decoder
+        if plain is None or not self.has_prefix or not topics:
+            return False
+        topic = topics[0]
+        if not self.routes_in_runs(topic) or topic in self._tombstone_sources:
+            return False
+        if topics.count(topic) != len(topics):
+            return False
+        try:
+            records = list(map(plain, rvalues))
+        except Exception:  # an undecodable value: its dead letter comes from add_rows
+            return False
+        return self.add_run(out, topic, parts, offs, [0] * len(records), records)
 
     @functools.cached_property
     def _plain_filters(self) -> Chain | None:
@@ -437,6 +506,7 @@ class StageOne:
                 enrich.make_operator, elements, pending=pending, deadline_s=deadline
             )
             del elements
+            results: list[tuple[str, int, int, int, Any]] = []
             previous, seq = None, 0
             for o in outcome.outputs:
                 coords = getattr(o, "coordinates", None)
@@ -445,17 +515,10 @@ class StageOne:
                 # The results of one input leave the operator together: number them.
                 seq = seq + 1 if coords == previous else 0
                 previous = coords
-                topic, part, off = coords
                 value = cast("Output", o).value  # it has coordinates: not a watermark
-                try:
-                    if self.has_prefix:
-                        self.add_records(out, topic, part, off, value, seq)
-                    else:
-                        self.add_record(out, topic, part, off, seq, value)
-                except _Bad as bad:
-                    rkey, rvalue = sources.get(coords) or (None, _json_bytes(value))
-                    out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
-                             rkey, rvalue, seq=seq)  # fmt: skip
+                results.append((*coords, seq, value))
+            if not self._added_as_run(out, results):
+                self._add_results(out, results, sources)
             for d in outcome.dead_letters:
                 topic, part, off = d.coordinates or ("", 0, 0)
                 rkey, rvalue = sources.get((topic, part, off)) or (None, _json_bytes(d.record))
@@ -468,6 +531,38 @@ class StageOne:
                 inst = unkeyed_instance(part, off, self.parallelism)  # it passes through stage 2
                 out.add(PENDING, topic, part, off, 0, inst, None, None, None, p.to_bytes())
             return out.build(inputs, self.parallelism)
+
+    def _added_as_run(
+        self, out: EnvelopeBuilder, results: list[tuple[str, int, int, int, Any]]
+    ) -> bool:
+        """The enrichment's results routed as one run (:meth:`add_run`), when they are
+        of one topic that a dataflow graph routes so; False (nothing added) if not."""
+        if not results or not self.has_prefix:
+            return False
+        topic = results[0][0]
+        if not self.routes_in_runs(topic) or any(r[0] != topic for r in results):
+            return False
+        _, parts, offs, seqs, values = zip(*results, strict=True)
+        return self.add_run(out, topic, parts, offs, seqs, values)
+
+    def _add_results(
+        self,
+        out: EnvelopeBuilder,
+        results: list[tuple[str, int, int, int, Any]],
+        sources: _SourceBytes,
+    ) -> None:
+        """The enrichment's results one by one: keyed rows, or dead letters that carry
+        their source bytes."""
+        for topic, part, off, seq, value in results:
+            try:
+                if self.has_prefix:
+                    self.add_records(out, topic, part, off, value, seq)
+                else:
+                    self.add_record(out, topic, part, off, seq, value)
+            except _Bad as bad:
+                rkey, rvalue = sources.get((topic, part, off)) or (None, _json_bytes(value))
+                out.dead(topic, part, off, self.parallelism, bad.reason, bad.error,
+                         rkey, rvalue, seq=seq)  # fmt: skip
 
     def add_records(
         self,
