@@ -91,3 +91,22 @@ def test_a_crash_then_a_rerun_equals_the_clean_run(
     for i in (1, 2, 3):  # after_commit: the crashed attempt committed batch 1; one is empty
         BatchRunner(spark, pipe, kafka_settings).run(BatchOptions(run_id=f"r{i}", parallelism=3))
     assert outcome(tmp_path) == clean["outcome"]
+
+
+def test_the_branches_off_the_source_share_one_exchange(spark, kafka_settings, topic, tmp_path):
+    """Three keyed steps in two levels — the windows per card and the merchants (both
+    read the source), then the alerts — so the batch's one query has two exchanges."""
+    pipe = risky_payments(topic["name"], str(tmp_path), max_records=PER_BATCH)
+    runner = BatchRunner(spark, pipe, kafka_settings)
+    group = f"risky-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "one dataflow batch")
+    try:
+        runner.run(BatchOptions(run_id="plan"))
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    plan = runner.executor.last_frame._jdf.queryExecution().executedPlan().toString()
+    final = plan.split("== Initial Plan ==")[0]  # adaptive execution: the plan that ran
+    exchanges = [line for line in final.splitlines() if "+- Exchange" in line]
+    assert len(exchanges) == 2, plan
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(group)
+    assert len(jobs) == len(exchanges) + 1, f"a dataflow batch ran {len(jobs)} Spark jobs"

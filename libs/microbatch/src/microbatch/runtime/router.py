@@ -237,7 +237,15 @@ class Router:
 
     def forward_rows(self) -> pa.RecordBatch:
         """The rows for the next keyed step: its records, then the dead letters so far."""
-        return pa.concat_batches([self._rows.batch(), self.forward.rows_batch()])
+        return pa.concat_batches([self.record_rows(), self.dead_letter_rows()])
+
+    def record_rows(self) -> pa.RecordBatch:
+        """The records this step hands on, keyed for the steps that read it."""
+        return self._rows.batch()
+
+    def dead_letter_rows(self) -> pa.RecordBatch:
+        """The dead letters so far (of this step and those before), handed on."""
+        return self.forward.rows_batch()
 
     def _place(self, key_bytes: bytes) -> Placed:
         """(key bytes, key-group, instance) of a key of the next step."""

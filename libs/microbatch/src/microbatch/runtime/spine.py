@@ -1,4 +1,4 @@
-"""A dataflow's keyed steps in one Spark job: one exchange per keyed step.
+"""A dataflow's keyed steps in one Spark job: one exchange per level of keyed steps.
 
 Stage 1 (the same as a single-operator pipeline's) keys records for the first step; then
 for each keyed step, ``repartitionById`` puts each instance's rows in one partition and a
@@ -6,10 +6,14 @@ for each keyed step, ``repartitionById`` puts each instance's rows in one partit
 step's input — records keyed for it, the dead letters so far (the last step stages them),
 a copy of the ``stat`` rows and a ``tick`` per next instance (from instance 0), so every
 next instance computes the same watermark and runs even without input — plus one
-``result`` row per instance, which later steps pass through to the driver. Nothing is
-materialised between the steps: each exchange is the only copy. (Packing an instance's
-records into a few Arrow IPC rows per exchange was measured and dropped: the dataflow
-bench spent 0.4 CPU-s more per 300k records packing and unpacking than the JVM saved.)
+``result`` row per instance, which later steps pass through to the driver. Steps that
+read nothing of each other and run one after the other (a source's branches) share a
+level: one exchange, and one task per instance that runs each of them in turn
+(:func:`level_instance`), so no step's records ride through a sibling's exchange.
+Nothing is materialised between the steps: each exchange is the only copy. (Packing an
+instance's records into a few Arrow IPC rows per exchange was measured and dropped: the
+dataflow bench spent 0.4 CPU-s more per 300k records packing and unpacking than the JVM
+saved.)
 """
 
 from __future__ import annotations
@@ -23,7 +27,16 @@ import pyarrow.compute as pc
 
 from microbatch.errors import BatchError
 from microbatch.gcpause import freeze_in_spark_worker, gc_paused
-from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RECORD, RESULT, STAT, ticks
+from microbatch.runtime.envelope import (
+    DEAD_LETTER,
+    ENVELOPE_SCHEMA,
+    RECORD,
+    RESULT,
+    STAT,
+    TICK,
+    ticks,
+)
+from microbatch.runtime.graph import edges_into, first_uid
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
@@ -43,11 +56,27 @@ def spine_frame(rows: Any, stage: StageTwo) -> Any:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     plain = from_arrow_schema(tags_of(stage.pipeline).wire_schema(ENVELOPE_SCHEMA))
-    for step in step_stages(stage):
-        rows = rows.repartitionById(stage.parallelism, "instance").mapInArrow(
-            step_instance(step), plain
-        )
+    for level in step_levels(stage):
+        body = step_instance(level[0]) if len(level) == 1 else level_instance(level)
+        rows = rows.repartitionById(stage.parallelism, "instance").mapInArrow(body, plain)
     return rows
+
+
+def step_levels(stage: StageTwo) -> list[list[StageTwo]]:
+    """The stages of the keyed steps, first to last, in levels: a step joins the level
+    before it unless it reads a step of that level. So the steps of a level read nothing
+    of each other, and one exchange brings each instance of all of them its rows."""
+    pipeline = stage.pipeline
+    first = first_uid(pipeline)
+    levels: list[list[StageTwo]] = []
+    for step in step_stages(stage):
+        uid = step.step or first
+        reads = {e.origin for e in edges_into(pipeline, uid)}
+        if levels and not reads & {s.step or first for s in levels[-1]}:
+            levels[-1].append(step)
+        else:
+            levels.append([step])
+    return levels
 
 
 def step_instance(stage: StageTwo) -> Body:
@@ -72,25 +101,14 @@ def step_instance(stage: StageTwo) -> Body:
             if received
             else pa.Table.from_batches([], schema=wire_envelope)
         )
-        if not pa.types.is_integer(full.schema.field("kind").type):
-            raise BatchError(
-                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a keyed step's "
-                "rows must arrive on the wire codes (Tags.to_wire), as they cross Spark"
-            )
+        _check_on_wire(full, stage)
         table = full.select(ENVELOPE_SCHEMA.names)
         earlier = pc.equal(table.column("kind"), tags.kind_code(RESULT))
         later = rows_for_later(table, later_topics, tags)  # ride on through this step
         if later is not None:
             earlier = pc.or_(earlier, later)
         own = tags.from_wire(full.filter(pc.invert(earlier)))
-        instances = pc.unique(own.column("instance")).to_pylist()
-        if len(instances) != 1:  # every partition holds its tick
-            step = "the first keyed step" if stage.step is None else f"step {stage.step!r}"
-            raise BatchError(
-                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id} {step}: a "
-                f"partition holds instances {sorted(instances)}, expected exactly one"
-            )
-        instance = instances[0]
+        instance = _only_instance(own, stage)
         with gc_paused():  # as a single-operator pipeline's stage 2 (StageTwo.__call__)
             result, router = stage.run_step(instance, own)
             forward = None if stage.is_last else router.forward_rows()
@@ -101,17 +119,119 @@ def step_instance(stage: StageTwo) -> Body:
             return
         yield pa.Table.from_batches([forward])
         if instance == 0:
-            stats = table.filter(pc.equal(table.column("kind"), tags.kind_code(STAT)))
-            for j in range(stage.parallelism):
-                copy = stats.set_column(
-                    stats.schema.get_field_index("instance"),
-                    "instance",
-                    pa.array([j] * stats.num_rows, pa.int32()),
-                )
-                yield copy
-            yield ticks(range(stage.parallelism))
+            yield from _for_every_next_instance(table, stage, tags)
 
     return per_instance
+
+
+def _check_on_wire(full: pa.Table, stage: StageTwo) -> None:
+    if not pa.types.is_integer(full.schema.field("kind").type):
+        raise BatchError(
+            f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a keyed step's "
+            "rows must arrive on the wire codes (Tags.to_wire), as they cross Spark"
+        )
+
+
+def _only_instance(own: pa.Table, stage: StageTwo) -> int:
+    """The one instance whose rows ``own`` holds (every partition holds its tick)."""
+    instances = pc.unique(own.column("instance")).to_pylist()
+    if len(instances) != 1:
+        step = "the first keyed step" if stage.step is None else f"step {stage.step!r}"
+        raise BatchError(
+            f"pipeline {stage.pipeline.name!r} batch {stage.batch_id} {step}: a "
+            f"partition holds instances {sorted(instances)}, expected exactly one"
+        )
+    return int(instances[0])
+
+
+def _for_every_next_instance(table: pa.Table, stage: StageTwo, tags: Tags) -> Iterator[pa.Table]:
+    """From instance 0: a copy of the ``stat`` rows and a tick for each instance of the
+    next exchange, so each computes the batch's watermark and runs even without input."""
+    stats = table.filter(pc.equal(table.column("kind"), tags.kind_code(STAT)))
+    for j in range(stage.parallelism):
+        yield stats.set_column(
+            stats.schema.get_field_index("instance"),
+            "instance",
+            pa.array([j] * stats.num_rows, pa.int32()),
+        )
+    yield ticks(range(stage.parallelism))
+
+
+def level_instance(level: list[StageTwo]) -> Body:
+    """The mapInArrow body of a level of keyed steps over one partition: one instance of
+    each, run in order, as if each had its own exchange. Each step takes its own records,
+    the ``stat`` rows and the tick. The first also takes what only a first step reads
+    (pending elements, records for sinks fed before it); the last takes the dead letters
+    so far and those the steps before it in the level made, and hands on (or, as the
+    pipeline's last step, stages) all of them."""
+    pipeline = level[0].pipeline
+    tags = tags_of(pipeline)
+    uids = [stage.step for stage in level]
+    later_topics = tags.topic_codes(
+        lambda topic: FOR in topic and not any(topic.endswith(f"{FOR}{u}") for u in uids)
+    )
+    own_topics = [_topics_of(uid, tags) for uid in uids]
+    wire_envelope = tags.wire_schema(ENVELOPE_SCHEMA)
+    last = len(level) - 1
+
+    def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_in_spark_worker()
+        for rows in _rows_of_level(batches):
+            yield from tags.to_wire(rows).to_batches()
+
+    def _rows_of_level(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
+        received = list(batches)
+        full = (
+            pa.Table.from_batches(received)
+            if received
+            else pa.Table.from_batches([], schema=wire_envelope)
+        )
+        _check_on_wire(full, level[0])
+        table = full.select(ENVELOPE_SCHEMA.names)
+        kind, topic = table.column("kind"), table.column("topic")
+        record = pc.equal(kind, tags.kind_code(RECORD))
+        riding = pc.equal(kind, tags.kind_code(RESULT))
+        later = rows_for_later(table, later_topics, tags)
+        if later is not None:
+            riding = pc.or_(riding, later)
+        shared = pc.or_(pc.equal(kind, tags.kind_code(STAT)), pc.equal(kind, tags.kind_code(TICK)))
+        dead = pc.equal(kind, tags.kind_code(DEAD_LETTER))
+        others = pc.invert(pc.or_(riding, record))  # stat, tick, dead letters, pending...
+        takes = [pc.and_(others, pc.invert(dead)), *[shared] * (last - 1), pc.or_(shared, dead)]
+        handed: list[pa.Table] = []  # dead letters of the level's steps before the last
+        out: list[pa.Table] = [table.filter(riding)]
+        instance = 0
+        for i, stage in enumerate(level):
+            mine = pc.fill_null(pc.and_(record, pc.is_in(topic, value_set=own_topics[i])), False)
+            own = tags.from_wire(full.filter(pc.or_(mine, takes[i])))
+            if i == last and handed:
+                own = pa.concat_tables([own, *handed], promote_options="default")
+            instance = _only_instance(own, stage)
+            with gc_paused():
+                result, router = stage.run_step(instance, own)
+                if i < last:
+                    handed.append(pa.Table.from_batches([router.dead_letter_rows()]))
+                    forward = router.record_rows()
+                else:
+                    forward = None if stage.is_last else router.forward_rows()
+                del router  # its rows freed while paused (see microbatch.gcpause)
+            out.append(pa.Table.from_batches([result_row(stage.step or "", result)]))
+            if forward is not None:
+                out.append(pa.Table.from_batches([forward]))
+        yield from out
+        if not level[last].is_last and instance == 0:
+            yield from _for_every_next_instance(table, level[last], tags)
+
+    return per_instance
+
+
+def _topics_of(uid: str | None, tags: Tags) -> pa.Array:
+    """The wire codes of the topics of records for step ``uid`` (None: the first step,
+    whose records keep their source topic)."""
+    if uid is None:
+        return tags.topic_codes(lambda topic: FOR not in topic)
+    own = f"{FOR}{uid}"
+    return tags.topic_codes(lambda topic: topic.endswith(own))
 
 
 def topics_for_later(step: str | None, tags: Tags) -> pa.Array:
