@@ -15,6 +15,7 @@ from microbatch.runtime import CRASH_POINTS, BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
 from tests.integration.dataflow.payments import payment, payments_dataflow, reference
+from tests.integration.dataflow.plans import one_batch_plan
 from tests.integration.runtime.test_batches import new_topic, produce
 
 pytestmark = pytest.mark.integration
@@ -203,21 +204,11 @@ def test_a_batch_is_one_spark_query_with_one_exchange_per_keyed_step(
     spark, kafka_settings, topic, tmp_path
 ) -> None:
     pipe = _capped(payments_dataflow(topic, str(tmp_path)), 60)
-    runner = BatchRunner(spark, pipe, kafka_settings)
-    group = f"dataflow-{tmp_path.name}"
-    spark.sparkContext.setJobGroup(group, "one dataflow batch")
-    try:
-        runner.run(BatchOptions(run_id="plan"))
-    finally:
-        spark.sparkContext.setJobGroup("", "")
-    plan = runner.executor.last_frame._jdf.queryExecution().executedPlan().toString()
-    final = plan.split("== Initial Plan ==")[0]  # adaptive execution: the plan that ran
-    exchanges = [line for line in final.splitlines() if "+- Exchange" in line]
-    assert len(exchanges) == 2, plan  # the card step's and the merchant step's
+    plan, exchanges, jobs = one_batch_plan(spark, pipe, kafka_settings, f"df-{tmp_path.name}")
+    assert exchanges == 2, plan  # the card step's and the merchant step's
     # One query (one action): adaptive execution submits each shuffle stage as a job of
     # its own, then the result stage; nothing else reads Kafka or recomputes a step.
-    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(group)
-    assert len(jobs) == len(exchanges) + 1, f"a dataflow batch ran {len(jobs)} Spark jobs"
+    assert jobs == exchanges + 1, f"a dataflow batch ran {jobs} Spark jobs"
 
 
 def test_a_replay_rolls_back_every_steps_state_and_output(

@@ -11,6 +11,7 @@ import pytest
 
 from microbatch.runtime import CRASH_POINTS, BatchOptions, BatchRunner
 from microbatch.sinks import read_parquet_sink
+from tests.integration.dataflow.plans import one_batch_plan
 from tests.integration.dataflow.risky_payments import payment, reference, risky_payments
 from tests.integration.runtime.test_batches import new_topic, produce
 
@@ -97,16 +98,6 @@ def test_the_branches_off_the_source_share_one_exchange(spark, kafka_settings, t
     """Three keyed steps in two levels — the windows per card and the merchants (both
     read the source), then the alerts — so the batch's one query has two exchanges."""
     pipe = risky_payments(topic["name"], str(tmp_path), max_records=PER_BATCH)
-    runner = BatchRunner(spark, pipe, kafka_settings)
-    group = f"risky-{tmp_path.name}"
-    spark.sparkContext.setJobGroup(group, "one dataflow batch")
-    try:
-        runner.run(BatchOptions(run_id="plan"))
-    finally:
-        spark.sparkContext.setJobGroup("", "")
-    plan = runner.executor.last_frame._jdf.queryExecution().executedPlan().toString()
-    final = plan.split("== Initial Plan ==")[0]  # adaptive execution: the plan that ran
-    exchanges = [line for line in final.splitlines() if "+- Exchange" in line]
-    assert len(exchanges) == 2, plan
-    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(group)
-    assert len(jobs) == len(exchanges) + 1, f"a dataflow batch ran {len(jobs)} Spark jobs"
+    plan, exchanges, jobs = one_batch_plan(spark, pipe, kafka_settings, f"rp-{tmp_path.name}")
+    assert exchanges == 2, plan
+    assert jobs == exchanges + 1, f"a dataflow batch ran {jobs} Spark jobs"

@@ -84,24 +84,8 @@ def step_instance(stage: StageTwo) -> Body:
     its rows in and out as they cross the exchanges (:mod:`.wire`)."""
     tags = tags_of(stage.pipeline)
     later_topics = topics_for_later(stage.step, tags)
-    wire_envelope = tags.wire_schema(ENVELOPE_SCHEMA)
 
-    def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        freeze_in_spark_worker()
-        for rows in _rows_of_instance(batches):
-            yield from tags.to_wire(rows).to_batches()
-
-    def _rows_of_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
-        received = list(batches)
-        # The first step's rows may carry the value columns stage 1 decoded (a declared
-        # schema): the step reads them; what it hands on is the envelope alone. Rows that
-        # only pass through (results, records for later steps) stay as they came.
-        full = (
-            pa.Table.from_batches(received)
-            if received
-            else pa.Table.from_batches([], schema=wire_envelope)
-        )
-        _check_on_wire(full, stage)
+    def _rows_of_instance(full: pa.Table) -> Iterator[pa.Table]:
         table = full.select(ENVELOPE_SCHEMA.names)
         earlier = pc.equal(table.column("kind"), tags.kind_code(RESULT))
         later = rows_for_later(table, later_topics, tags)  # ride on through this step
@@ -121,15 +105,36 @@ def step_instance(stage: StageTwo) -> Body:
         if instance == 0:
             yield from _for_every_next_instance(table, stage, tags)
 
-    return per_instance
+    return _wire_body(_rows_of_instance, stage, tags)
 
 
-def _check_on_wire(full: pa.Table, stage: StageTwo) -> None:
-    if not pa.types.is_integer(full.schema.field("kind").type):
-        raise BatchError(
-            f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a keyed step's "
-            "rows must arrive on the wire codes (Tags.to_wire), as they cross Spark"
+def _wire_body(rows_of: Callable[[pa.Table], Iterator[pa.Table]], stage: StageTwo, tags: Tags
+               ) -> Body:  # fmt: skip
+    """The mapInArrow body around ``rows_of``: a partition's rows in, as they crossed
+    the exchange (wire codes, checked), and ``rows_of``' tables out, on the wire again.
+
+    The first step's rows may carry the value columns stage 1 decoded (a declared
+    schema): the step reads them; what it hands on is the envelope alone. Rows that only
+    pass through (results, records for later steps) stay as they came."""
+    wire_envelope = tags.wire_schema(ENVELOPE_SCHEMA)
+
+    def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_in_spark_worker()
+        received = list(batches)
+        full = (
+            pa.Table.from_batches(received)
+            if received
+            else pa.Table.from_batches([], schema=wire_envelope)
         )
+        if not pa.types.is_integer(full.schema.field("kind").type):
+            raise BatchError(
+                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a keyed step's "
+                "rows must arrive on the wire codes (Tags.to_wire), as they cross Spark"
+            )
+        for rows in rows_of(full):
+            yield from tags.to_wire(rows).to_batches()
+
+    return per_instance
 
 
 def _only_instance(own: pa.Table, stage: StageTwo) -> int:
@@ -171,22 +176,9 @@ def level_instance(level: list[StageTwo]) -> Body:
         lambda topic: FOR in topic and not any(topic.endswith(f"{FOR}{u}") for u in uids)
     )
     own_topics = [_topics_of(uid, tags) for uid in uids]
-    wire_envelope = tags.wire_schema(ENVELOPE_SCHEMA)
     last = len(level) - 1
 
-    def per_instance(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        freeze_in_spark_worker()
-        for rows in _rows_of_level(batches):
-            yield from tags.to_wire(rows).to_batches()
-
-    def _rows_of_level(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
-        received = list(batches)
-        full = (
-            pa.Table.from_batches(received)
-            if received
-            else pa.Table.from_batches([], schema=wire_envelope)
-        )
-        _check_on_wire(full, level[0])
+    def _rows_of_level(full: pa.Table) -> Iterator[pa.Table]:
         table = full.select(ENVELOPE_SCHEMA.names)
         kind, topic = table.column("kind"), table.column("topic")
         record = pc.equal(kind, tags.kind_code(RECORD))
@@ -222,7 +214,7 @@ def level_instance(level: list[StageTwo]) -> Body:
         if not level[last].is_last and instance == 0:
             yield from _for_every_next_instance(table, level[last], tags)
 
-    return per_instance
+    return _wire_body(_rows_of_level, level[0], tags)
 
 
 def _topics_of(uid: str | None, tags: Tags) -> pa.Array:
