@@ -10,7 +10,12 @@ from microbatch.dataflow import Dataflow
 from microbatch.errors import BatchError
 from microbatch.runtime import EventTime, KafkaSource, ParquetSink, Pipeline
 from microbatch.runtime.envelope import DEAD_LETTER, ENVELOPE_SCHEMA, RECORD, STAT
-from microbatch.runtime.spine import rows_for_later, step_instance, topics_for_later
+from microbatch.runtime.spine import (
+    rows_for_later,
+    step_instance,
+    topics_for_later,
+    topics_for_later_than,
+)
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.wire import Tags, tags_of
 from microbatch.settings import Settings
@@ -82,3 +87,18 @@ def test_a_step_refuses_rows_that_are_not_on_the_wire_codes() -> None:
     table = tags_of(pipeline).from_wire(rows(tags_of(pipeline), (RECORD, "orders")))
     with pytest.raises(BatchError, match="batch 7: a keyed step's rows must arrive on the wire"):
         list(step_instance(stage)(iter(table.to_batches())))
+
+
+def test_a_level_with_the_first_step_lets_records_for_a_step_named_none_ride_on() -> None:
+    """The first step runs as step None: a later step whose uid is the string "None"
+    must not be mistaken for it, or its records would be nobody's and be lost."""
+    flow = Dataflow("lv", checkpoints="/tmp/lv", event_time=EventTime("ts"))
+    payments = flow.source(KafkaSource(topics=("t",)))
+    first = payments.key_by("card").process(Noop(), uid="a")
+    payments.key_by("merchant").process(Noop(), uid="b")
+    first.key_by("card").process(Noop(), uid="None").to(ParquetSink("o", "/tmp/o"))
+    tags = tags_of(flow.build())
+    table = rows(tags, (RECORD, "t"), (RECORD, "t>b"), (RECORD, "@a>None"), (STAT, "t"))
+
+    riding = rows_for_later(table, topics_for_later_than([None, "b"], tags), tags)
+    assert riding is not None and riding.to_pylist() == [False, False, True, False]

@@ -19,7 +19,7 @@ saved.)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -172,9 +172,7 @@ def level_instance(level: list[StageTwo]) -> Body:
     pipeline = level[0].pipeline
     tags = tags_of(pipeline)
     uids = [stage.step for stage in level]
-    later_topics = tags.topic_codes(
-        lambda topic: FOR in topic and not any(topic.endswith(f"{FOR}{u}") for u in uids)
-    )
+    later_topics = topics_for_later_than(uids, tags)
     own_topics = [_topics_of(uid, tags) for uid in uids]
     last = len(level) - 1
 
@@ -229,9 +227,13 @@ def _topics_of(uid: str | None, tags: Tags) -> pa.Array:
 def topics_for_later(step: str | None, tags: Tags) -> pa.Array:
     """The wire codes of the markers of records for a keyed step after ``step`` (None:
     the first step); empty in a chain, where every record row is the step's own."""
-    if step is None:
-        return tags.topic_codes(lambda topic: FOR in topic)
-    own = f"{FOR}{step}"
+    return topics_for_later_than([step], tags)
+
+
+def topics_for_later_than(level: Sequence[str | None], tags: Tags) -> pa.Array:
+    """The wire codes of the markers of records for a keyed step after the steps of
+    ``level`` (None: the first step, whose records carry no marker)."""
+    own = tuple(f"{FOR}{uid}" for uid in level if uid is not None)
     return tags.topic_codes(lambda topic: FOR in topic and not topic.endswith(own))
 
 
