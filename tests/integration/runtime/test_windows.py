@@ -111,3 +111,32 @@ def test_tumbling_windows_equal_plain_python_across_batches_and_a_rescale(
     assert got == expected
     dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
     assert sorted(d["reason"] for d in dead) == ["late_window"] * len(late)
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["records", "pre-aggregated"])
+def test_a_window_open_across_batches_keeps_every_batch_s_records(
+    spark, kafka_settings, bootstrap, admin, tmp_path: Path, declared: bool
+) -> None:
+    """Batch 2 adds to a window batch 1 opened, before the watermark reaches its end: the
+    key's open windows must be loaded though its timer is not due, or batch 1's count is
+    overwritten by batch 2's."""
+    topic = new_topic(admin, 1)
+    pipeline = Pipeline(
+        name="open-windows",
+        source=KafkaSource(topics=(topic,), value_schema=SCHEMA if declared else None),
+        key_by="user",
+        process=windows.tumbling("1m").count().sum("amount").final(),
+        event_time=EventTime("ts", idle_timeout_s=None),
+        sinks=[ParquetSink("out", str(tmp_path / "out"))],
+        checkpoints=str(tmp_path / "checkpoints"),
+        max_parallelism=16,
+        parallelism=2,
+    )
+    batches = [[(1_000, 1), (2_000, 2)], [(3_000, 4)], [(10**12, 0)]]
+    for n, batch in enumerate(batches):
+        values = [json.dumps({"user": "u", "ts": ts, "amount": a}).encode() for ts, a in batch]
+        produce(bootstrap, topic, values)
+        BatchRunner(spark, pipeline, kafka_settings).run(BatchOptions(run_id=f"r{n}"))
+
+    out = read_parquet_sink(str(tmp_path / "out")).to_pylist()
+    assert [(r["window_start"], r["count"], r["sum_amount"]) for r in out] == [(0, 3, 7)]

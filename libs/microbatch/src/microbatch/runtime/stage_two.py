@@ -65,7 +65,12 @@ from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTot
 from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.sorted_records import SortedRecords, in_source_order, key_runs
 from microbatch.runtime.watermark import WatermarkState, advance
-from microbatch.runtime.windowed import carries_partials, run_partials, run_windows
+from microbatch.runtime.windowed import (
+    carries_partials,
+    partial_keys,
+    run_partials,
+    run_windows,
+)
 from microbatch.runtime.wire import tags_of
 from microbatch.settings import Settings
 from microbatch.sinks import StageContext
@@ -225,7 +230,9 @@ class StageTwo:
         keys = recs.column("key").take(firsts).to_pylist()  # one per run: distinct, sorted
         key_groups = recs.at("key_group", firsts).to_pylist()
         stats["records"] = recs.num_rows
-        restored = self._load_state(state, keys, watermark, instance, stats)
+        # A window's partials (stage 1 reduced its records) add to their keys' open windows.
+        loading = [*keys, *partial_keys(table)] if carries_partials(table) else keys
+        restored = self._load_state(state, loading, watermark, instance, stats)
         t_restore = time.perf_counter()
 
         # Step 2: process() per key (or, for windows, the whole batch's columns).

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -234,6 +234,13 @@ def stage_one_partials(
         inst = unkeyed_instance(part, off, parallelism)
         dead.add(DEAD_LETTER, topic, part, off, 0, inst, None, None, None, detail)
     return pa.concat_batches([out, dead.rows_batch()])
+
+
+def partial_keys(table: pa.Table) -> list[bytes]:
+    """The distinct key bytes of ``table``'s ``partial`` rows: keys whose open windows
+    the batch loads, as it loads those of its records."""
+    rows = table.filter(pc.equal(table.column("kind"), PARTIAL))
+    return cast("list[bytes]", pc.unique(rows.column("key")).to_pylist())
 
 
 def run_partials(
