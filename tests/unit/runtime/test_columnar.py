@@ -171,6 +171,21 @@ def test_decoded_records_columns_hold_every_field_not_only_the_first_records() -
     assert rows == [{"key": "a", "window_start": 0, "window_end": 60_000, "n": 2, "total": 5}]
 
 
+def test_records_give_the_columns_of_only_the_fields_asked_for() -> None:
+    """A window reads a field or two; building every field of the records as columns
+    cost about as much as the window. A field no record has is a column of nulls."""
+    from microbatch.runtime.columnar import DecodedRecords
+
+    records = DecodedRecords([{"user": "a", "ts": 0, "page": "/x"}, {"user": "a", "ts": 1}])
+    columns = records.columns({"amount", "page"})
+    assert sorted(columns.column_names) == ["amount", "page"]
+    assert columns.column("page").to_pylist() == ["/x", None]
+    assert columns.column("amount").null_count == 2
+
+    lazy = LazyRecords(pa.table({"user": ["a", "b"], "n": [1, 2]}), pa.array([1]))
+    assert lazy.columns({"n", "absent"}).to_pydict() == {"n": [2]}
+
+
 def test_known_keys_give_each_key_its_own_bytes_and_group_across_batches() -> None:
     from microbatch.keygroups import encode_key, key_group_of_bytes
     from microbatch.runtime.columnar import KnownKeys

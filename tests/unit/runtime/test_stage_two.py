@@ -1,4 +1,4 @@
-"""Stage 2's pure parts (the instance run itself is tested on Spark)."""
+"""Stage 2's parts that need no Spark (its instances on Spark: tests/integration)."""
 
 from __future__ import annotations
 
@@ -167,3 +167,32 @@ def test_rows_are_put_in_source_order_and_not_copied_when_they_already_are() -> 
     assert ordered.column("value").to_pylist() == ["a0-9/0", "a0-9/1", "a1-2", "b0-5"]
     assert in_source_order(ordered) is ordered
     assert in_source_order(rows.slice(0, 0)).num_rows == 0
+
+
+def test_a_window_over_payloads_whose_records_all_lack_its_field_sums_to_null(tmp_path) -> None:
+    """Stage 2 built a window's columns from every field its records had: an instance
+    none of whose records had the summed field failed every retry of its batch (``No
+    match for FieldRef.Name(amount)``). It builds the fields the window reads."""
+    from microbatch import windows
+    from microbatch.dataflow import Dataflow
+    from microbatch.keygroups import encode_key, key_group_of_bytes
+    from microbatch.runtime.envelope import decode_payloads, encode_payload
+
+    flow = Dataflow("w", checkpoints=str(tmp_path), event_time=EventTime("ts"), max_parallelism=16)
+    source = flow.source(KafkaSource(topics=("t",))).map(lambda r: r)  # records as payloads
+    sums = windows.tumbling("1m").sum("amount").final()
+    source.key_by("user").window(sums, uid="sums").key_by("key").process(Noop(), uid="after")
+    pipeline = flow.build()
+    stage = StageTwo(pipeline, Settings.from_env(), 0, 1, None, None, 1_000_000)
+    out = EnvelopeBuilder()
+    for off, (user, ts) in enumerate([("a", 1_000), ("a", 2_000), ("b", 200_000)]):
+        key, record = encode_key(user), {"user": user, "ts": ts}  # no "amount"
+        kg = key_group_of_bytes(key, 16)
+        out.record("t", 0, off, 0, 0, kg, key, ts, encode_payload(record))
+    table = pa.Table.from_batches([out.build(Counter({("t", 0): 3}), parallelism=1)])
+
+    result, router = stage.run_step(0, table)
+
+    assert result.counters["windows_emitted"] == 1, result.counters
+    rows = decode_payloads(router.record_rows().column("payload").to_pylist())
+    assert rows == [{"key": "a", "window_start": 0, "window_end": 60_000, "sum_amount": None}]

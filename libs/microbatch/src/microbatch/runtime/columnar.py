@@ -16,7 +16,7 @@ only when ``process()`` reads them; ``len(records)`` takes and builds none.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -363,11 +363,16 @@ class PayloadRuns:
 class DecodedRecords(list[Any]):
     """Records decoded from payloads: a plain list, plus their columns for windows."""
 
-    def columns(self) -> pa.Table:
-        """Every field of any record is a column (null where a record lacks it)."""
+    def columns(self, fields: Collection[str] | None = None) -> pa.Table:
+        """Every field of any record is a column (null where a record lacks it); or only
+        ``fields``, each a column even where no record has it (all null): a window reads
+        a field or two, and building every field from the dicts costs about as much as
+        the window itself."""
         from microbatch.sinks.base import table_of_dicts
 
-        return table_of_dicts(self)
+        if fields is None or any(type(r) is not dict for r in self):
+            return table_of_dicts(self)  # (what it raises for records that are not dicts)
+        return pa.table({name: pa.array([r.get(name) for r in self]) for name in fields})
 
     def record(self, i: int) -> Any:
         return self[i]
@@ -430,9 +435,13 @@ class LazyRecords(Sequence[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def columns(self) -> pa.Table:
-        """The records' columns, without building a dict."""
-        return self._table.take(self._rows)
+    def columns(self, fields: Collection[str] | None = None) -> pa.Table:
+        """The records' columns (or those of ``fields`` the table has), without building
+        a dict."""
+        table = self._table
+        if fields is not None:
+            table = table.select([name for name in table.column_names if name in fields])
+        return table.take(self._rows)
 
     def __getitem__(self, index: Any) -> Any:
         return self._records()[index]

@@ -381,7 +381,8 @@ class StageTwo:
             source = recs.source
             dead.stats.update(
                 run_windows(
-                    operator, backend, everything.columns(), recs.column("key"),
+                    operator, backend, everything.columns(operator.fields_read()),
+                    recs.column("key"),
                     recs.column("partition"), recs.column("offset"), recs.column("event_ts"),
                     watermark_before, watermark, emitted.append,
                     lambda reason, error, i: dead(
