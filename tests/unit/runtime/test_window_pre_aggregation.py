@@ -36,7 +36,7 @@ from microbatch.runtime import (
 from microbatch.runtime.envelope import PARTIAL, RECORD, RESULT, SOURCE_COLUMNS, ticks
 from microbatch.runtime.execute import Execution, has_input, merged_results
 from microbatch.runtime.records import InstanceResult
-from microbatch.runtime.spine import step_instance, step_results, step_stages
+from microbatch.runtime.spine import level_instance, step_instance, step_levels, step_results
 from microbatch.runtime.stage_one import StageOne
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.wire import tags_of
@@ -60,6 +60,7 @@ class PerPartition(InProcess):
     def __init__(self, log: Log) -> None:
         super().__init__(log)
         self.kinds: dict[str, int] = defaultdict(int)
+        self.kind_topics: dict[tuple[str, str | None], int] = defaultdict(int)
 
     def stage_one_rows(
         self, plan: BatchPlan, stage: StageTwo, pending: pa.Table | None, watermark: int | None
@@ -84,8 +85,9 @@ class PerPartition(InProcess):
         schema = windowed.exchange_schema(stage.pipeline)
         exchanged = self.stage_one_rows(plan, stage, pending, watermark)
         for t in exchanged:
-            for kind in t.column("kind").to_pylist():
+            for kind, topic in zip(*t.select(["kind", "topic"]).to_pydict().values(), strict=True):
                 self.kinds[kind] += 1
+                self.kind_topics[kind, topic] += 1
         if stage.pipeline.steps:
             return self.spine(stage, [*exchanged, ticks(range(stage.parallelism), schema)])
         results = []
@@ -100,13 +102,14 @@ class PerPartition(InProcess):
 
     @staticmethod
     def spine(stage: StageTwo, rows: list[pa.Table]) -> Execution:
-        """Each keyed step over each instance's rows (what ``repartitionById`` gives it),
-        its output the next step's input, as :func:`~microbatch.runtime.spine.spine_frame`:
-        every row crosses on its wire codes."""
+        """Each level of keyed steps over each instance's rows (what ``repartitionById``
+        gives it), its output the next level's input, as
+        :func:`~microbatch.runtime.spine.spine_frame`: every row crosses on its wire
+        codes."""
         tags = tags_of(stage.pipeline)
         rows = [tags.to_wire(t) for t in rows]
-        for step in step_stages(stage):
-            body = step_instance(step)
+        for level in step_levels(stage):
+            body = step_instance(level[0]) if len(level) == 1 else level_instance(level)
             out: list[pa.Table] = []
             for i in range(stage.parallelism):
                 mine = [

@@ -175,6 +175,9 @@ class EnvelopeBuilder:
     def __init__(self, schema: pa.Schema = ENVELOPE_SCHEMA) -> None:
         self.rows: list[tuple[Any, ...]] = []
         self.schema = schema
+        #: Rows the ``stat`` rows count but the output does not hold: records a window's
+        #: partials stand for (``runtime.graph_partials``).
+        self.counted: list[pa.RecordBatch] = []
 
     def add(
         self,
@@ -228,7 +231,8 @@ class EnvelopeBuilder:
         rows = self.rows_batch()
         if records is not None:
             rows = pa.concat_batches([records, rows])
-        stats = _stat_rows(rows, inputs, parallelism, self.schema)
+        counted = pa.concat_batches([rows, *self.counted]) if self.counted else rows
+        stats = _stat_rows(counted, inputs, parallelism, self.schema)
         return pa.concat_batches([rows, stats])
 
     def rows_batch(self) -> pa.RecordBatch:

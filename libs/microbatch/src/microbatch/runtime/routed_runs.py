@@ -9,7 +9,8 @@ branch after the same steps run those steps and pack the payloads once. Anything
 be a dead letter or fail the batch — a step that raises, a key that is missing or of
 another type than ``str``/``int``, an event time missing, to convert or late, a value the
 codec refuses — returns None: the caller takes the record-by-record path, which decides
-exactly as before, in the same order.
+exactly as before, in the same order. A route into a window that only sources feed gives
+the window's partials instead of its records (:mod:`.graph_partials`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from microbatch.errors import MicrobatchError
 from microbatch.runtime.decoding import MAX_EPOCH_MS, MIN_EPOCH_MS
 from microbatch.runtime.envelope import RECORD, encode_payloads
+from microbatch.runtime.graph_partials import counted_rows
 from microbatch.runtime.steps import Chain, StepFailed, run_chain
 
 if TYPE_CHECKING:
@@ -42,11 +46,14 @@ def routed_rows(
     time_field: str | None,
     known: dict[Any, Placed],
     place: Callable[[Any], Placed],
+    counted: list[pa.RecordBatch],
 ) -> list[tuple[Any, ...]] | None:
     """The envelope rows of ``records`` (record ``j`` read at ``parts[j]``/``offs[j]``,
     the ``seqs[j]``-th result of its source record) along every route, or None when one
     of them needs the record-by-record path. ``known``: placements of keys seen before
-    (added to); ``place``: a new key's placement."""
+    (added to); ``place``: a new key's placement. A route into a window that stage 1
+    reduces (:mod:`.graph_partials`) gives ``partial`` rows, and appends to ``counted``
+    the rows its records count as in the ``stat`` rows."""
     by_chain: dict[tuple[int, ...], list[_Route]] = {}
     for route in routes:
         if route.field is None:  # a key function: user code, per record
@@ -65,10 +72,7 @@ def routed_rows(
         event_ts = _event_times(kept, time_field)
         if event_ts is None:
             return None
-        try:
-            payloads = encode_payloads(kept)
-        except MicrobatchError:
-            return None
+        payloads: list[bytes] | None = None  # packed once, for the routes that take records
         kept_parts = [parts[j] for j in at]
         kept_offs = [offs[j] for j in at]
         kept_seqs = [seqs[j] * 1024 + i for j, i in zip(at, sub, strict=True)]
@@ -81,6 +85,19 @@ def routed_rows(
                 return None
             marked = topic if route.marker is None else route.marker
             key_bytes, groups, instances = zip(*placed, strict=True)
+            if route.reduce is not None:  # a window's records as partials
+                partials = route.reduce(marked, kept, key_bytes, groups, event_ts, kept_parts,
+                                        kept_offs)  # fmt: skip
+                if partials is None:
+                    return None
+                rows.extend(partials)
+                counted.append(counted_rows(marked, kept_parts, kept_offs, event_ts))
+                continue
+            if payloads is None:
+                try:
+                    payloads = encode_payloads(kept)
+                except MicrobatchError:
+                    return None
             rows.extend(
                 zip(repeat(RECORD), repeat(marked), kept_parts, kept_offs, kept_seqs,
                     instances, groups, key_bytes, event_ts, payloads)

@@ -30,6 +30,7 @@ from microbatch.gcpause import freeze_in_spark_worker, gc_paused
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     ENVELOPE_SCHEMA,
+    PARTIAL,
     RECORD,
     RESULT,
     STAT,
@@ -179,7 +180,11 @@ def level_instance(level: list[StageTwo]) -> Body:
     def _rows_of_level(full: pa.Table) -> Iterator[pa.Table]:
         table = full.select(ENVELOPE_SCHEMA.names)
         kind, topic = table.column("kind"), table.column("topic")
-        record = pc.equal(kind, tags.kind_code(RECORD))
+        # a step's own rows, by topic: its records, and the partials stage 1 reduced its
+        # records to (a window fed by sources, runtime.graph_partials)
+        record = pc.or_(
+            pc.equal(kind, tags.kind_code(RECORD)), pc.equal(kind, tags.kind_code(PARTIAL))
+        )
         riding = pc.equal(kind, tags.kind_code(RESULT))
         later = rows_for_later(table, later_topics, tags)
         if later is not None:

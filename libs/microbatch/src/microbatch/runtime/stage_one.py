@@ -12,7 +12,7 @@ import functools
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -50,6 +50,7 @@ from microbatch.runtime.graph import (
     source_of_topic,
     step_order,
 )
+from microbatch.runtime.graph_partials import reducing_windows, route_partials
 from microbatch.runtime.pipeline import KafkaSource, Pipeline, input_of
 from microbatch.runtime.routed_runs import Placed, routed_rows
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
@@ -80,6 +81,9 @@ class _Route:
     edge: Edge
     marker: str | None
     late_before: int | None
+    #: For a window that stage 1 reduces: a run's partial rows, or None to go record by
+    #: record (:func:`~.graph_partials.route_partials` but its first three arguments).
+    reduce: Callable[..., list[tuple[Any, ...]] | None] | None = None
 
     @property
     def field(self) -> str | None:
@@ -122,6 +126,9 @@ class StageOne:
     #: Reduce a window's records to partials before the exchange (``runtime.windowed``);
     #: None: decided from the pipeline when made (on the driver: the tasks follow).
     pre_aggregate: bool | None = None
+    #: The uids of a dataflow graph's windows whose records it reduces
+    #: (:mod:`.graph_partials`); None: decided when made, as ``pre_aggregate``.
+    reduced_windows: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.pre_aggregate is None:
@@ -129,6 +136,9 @@ class StageOne:
 
             chosen = pre_aggregation(self.pipeline) is not None
             object.__setattr__(self, "pre_aggregate", chosen)
+        if self.reduced_windows is None:
+            reduced = frozenset(reducing_windows(self.pipeline))
+            object.__setattr__(self, "reduced_windows", reduced)
 
     @functools.cached_property
     def _instance_of(self) -> tuple[int, ...]:
@@ -161,12 +171,19 @@ class StageOne:
             zip(step_order(pipeline), (pipeline.process, *(s.process for s in pipeline.steps)),
                 strict=True)
         )  # fmt: skip
+        reducing = reducing_windows(pipeline)
+        reduce = {
+            uid: functools.partial(route_partials, reducing[uid], self.watermark,
+                                   self._instance_of)
+            for uid in self.reduced_windows or () if uid in reducing
+        }  # fmt: skip
         return {
             topic: tuple(
                 _Route(
                     e,
                     None if e.target == first else marker(i, e.target, topic),
                     None if takes_late(functions[e.target]) else self.watermark,
+                    reduce.get(e.target),
                 )
                 for e in edges_from(pipeline, i)
             )
@@ -284,14 +301,16 @@ class StageOne:
         if len(self._placed_keys) >= _KEYS_REMEMBERED:
             self._placed_keys.clear()
         et = self.pipeline.event_time
+        counted: list[pa.RecordBatch] = []
         rows = routed_rows(
             self._routes[topic], topic, parts, offs, seqs, records,
             time_field=None if et is None else et.field, known=self._placed_keys,
-            place=self._place,
+            place=self._place, counted=counted,
         )  # fmt: skip
         if rows is None:
             return False
         out.rows.extend(rows)
+        out.counted.extend(counted)
         return True
 
     @functools.cached_property

@@ -58,6 +58,7 @@ from microbatch.runtime.envelope import (
 )
 from microbatch.runtime.faults import crash_if
 from microbatch.runtime.graph import first_uid, sides
+from microbatch.runtime.graph_partials import reduced_partials
 from microbatch.runtime.keyed_calls import DeadLetters, KeyCalls
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.process import KeyedProcessFunction, Sided
@@ -231,7 +232,8 @@ class StageTwo:
         key_groups = recs.at("key_group", firsts).to_pylist()
         stats["records"] = recs.num_rows
         # A window's partials (stage 1 reduced its records) add to their keys' open windows.
-        loading = [*keys, *partial_keys(table)] if carries_partials(table) else keys
+        reduced = None if carries_partials(table) else reduced_partials(table)
+        loading = [*keys, *partial_keys(table, reduced)]
         restored = self._load_state(state, loading, watermark, instance, stats)
         t_restore = time.perf_counter()
 
@@ -243,7 +245,7 @@ class StageTwo:
         )  # fmt: skip
         if getattr(self.process_fn, "columnar", False):
             self._run_columnar(table, recs, records_of, state.backend, watermark_before,
-                               watermark, router, dead)  # fmt: skip
+                               watermark, router, dead, reduced)  # fmt: skip
         else:
             calls.process_keys(runs, keys, key_groups, records_of, recs.source)
 
@@ -369,8 +371,10 @@ class StageTwo:
     def _run_columnar(
         self, table: pa.Table, recs: SortedRecords, records_of: Any, backend: KeyedStateBackend,
         watermark_before: int | None, watermark: int | None, router: Router, dead: DeadLetters,
+        reduced: pa.Table | None,
     ) -> None:  # fmt: skip
-        """A window over the whole batch's columns (or over stage 1's partials), its
+        """A window over the whole batch's columns (or over stage 1's partials: of a
+        chain's, or ``reduced``, a graph's, with the records stage 1 did not reduce), its
         results handed to the router grouped by their key's key-group."""
         operator = cast("WindowedAggregation", self.process_fn).operator
         emitted: list[Any] = []
@@ -390,6 +394,7 @@ class StageTwo:
                         raw_value=json.dumps(everything.record(i), default=str).encode(),
                         **source(i),
                     ),
+                    reduced,
                 )
             )  # fmt: skip
         maxp = self.pipeline.max_parallelism

@@ -73,7 +73,7 @@ PARTIAL_PREFIX = "partial_"
 
 #: The value state holding a key's open windows: ``{start: [end, partials]}``.
 STATE = "__windows"
-_PARTITION_BITS, _OFFSET_BITS = 12, 44
+_PARTITION_BITS, OFFSET_BITS = 12, 44
 
 
 def _combined(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -83,7 +83,7 @@ def _combined(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 def source_order(partition: int, offset: int) -> int:
     """A record's place in its source, comparable across batches: ties in event time go
     to the lower partition, then the lower offset."""
-    return (partition << _OFFSET_BITS) | offset
+    return (partition << OFFSET_BITS) | offset
 
 
 def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOperator | None:
@@ -190,7 +190,7 @@ def stage_one_partials(
     stage 2 would have set them aside, with every declared field (``late_fields``: those
     of the records at the given rows; default: ``fields``')."""
     order = pc.bit_wise_or(
-        pc.shift_left(records.column("partition").cast(pa.int64()), _OFFSET_BITS),
+        pc.shift_left(records.column("partition").cast(pa.int64()), OFFSET_BITS),
         records.column("offset").cast(pa.int64()),
     )
     table = pa.table(
@@ -236,9 +236,12 @@ def stage_one_partials(
     return pa.concat_batches([out, dead.rows_batch()])
 
 
-def partial_keys(table: pa.Table) -> list[bytes]:
-    """The distinct key bytes of ``table``'s ``partial`` rows: keys whose open windows
+def partial_keys(table: pa.Table, reduced: pa.Table | None = None) -> list[bytes]:
+    """The distinct key bytes of ``table``'s ``partial`` rows and of ``reduced`` (a
+    graph's partials, :func:`~.graph_partials.reduced_partials`): keys whose open windows
     the batch loads, as it loads those of its records."""
+    if reduced is not None:
+        return cast("list[bytes]", pc.unique(reduced.column(KEY)).to_pylist())
     rows = table.filter(pc.equal(table.column("kind"), PARTIAL))
     return cast("list[bytes]", pc.unique(rows.column("key")).to_pylist())
 
@@ -309,6 +312,21 @@ def _store(
             ctx.register_timer(min(end for end, _ in windows.values()) + lateness)
 
 
+def with_partials(operator: WindowOperator, own: pa.Table | None, reduced: pa.Table) -> pa.Table:
+    """A batch's partials of its records (``own``, stage 2's) and stage 1's (``reduced``,
+    its keys decoded as ``own``'s) as one table for ``WindowOperator.merge``. A row
+    without :data:`END` (a float sum's partials are per window, not per pane) covers its
+    whole window."""
+    merged = pa.concat_tables(
+        [t for t in (own, reduced) if t is not None], promote_options="permissive"
+    )
+    if END in merged.column_names and merged.column(END).null_count:
+        whole = pc.add(merged.column(START), operator.spec.size_ms)  # type: ignore[union-attr]
+        end = pc.coalesce(merged.column(END), whole)
+        merged = merged.set_column(merged.schema.get_field_index(END), END, end)
+    return merged
+
+
 def run_windows(
     operator: WindowOperator,
     backend: KeyedStateBackend,
@@ -321,31 +339,48 @@ def run_windows(
     watermark_after: int | None,
     emit: Callable[[dict[str, Any]], None],
     late: Callable[[str, str, int], None],
+    reduced: pa.Table | None = None,
 ) -> dict[str, int]:
     """One instance's batch — ``records``: the records' columns, one row per record, in
-    the order of ``key_bytes`` and the other columns — ; returns counters for the batch's
-    stats. ``late(reason, error, row)`` dead-letters a late record."""
+    the order of ``key_bytes`` and the other columns; ``reduced``: partials stage 1
+    reduced other records to (:mod:`.graph_partials`) — ; returns counters for the
+    batch's stats. ``late(reason, error, row)`` dead-letters a late record."""
     n = len(key_bytes)
-    encoded = _combined(key_bytes).dictionary_encode()  # keys decoded once per distinct key
-    distinct = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
-    state = _load(backend, distinct, encoded.dictionary, watermark_after)
+    every_key = _combined(key_bytes)
+    if reduced is not None:
+        every_key = pa.concat_arrays([every_key, _combined(reduced.column(KEY))])
+    encoded = every_key.dictionary_encode()  # keys decoded once per distinct key
+    distinct = pa.array([decode_key(kb) for kb in encoded.dictionary.to_pylist()])
+    state = _load(backend, distinct.to_pylist(), encoded.dictionary, watermark_after)
     table = pa.table({})
     ts = _combined(event_ts).cast(pa.int64())
     if n:
         order = pc.bit_wise_or(
-            pc.shift_left(_combined(partitions).cast(pa.int64()), _OFFSET_BITS),
+            pc.shift_left(_combined(partitions).cast(pa.int64()), OFFSET_BITS),
             _combined(offsets).cast(pa.int64()),
         )
-        table = pa.table({KEY: pa.array(distinct).take(encoded.indices), TS: ts, ORDER: order})
+        keys = distinct.take(encoded.indices.slice(0, n))
+        table = pa.table({KEY: keys, TS: ts, ORDER: order})
         for name in records.column_names:
             table = table.append_column(name, records.column(name))
     held = set(state)
-    outcome = operator.run(table, state, watermark_before, watermark_after)
+    if reduced is None:
+        outcome = operator.run(table, state, watermark_before, watermark_after)
+    else:
+        own, late_rows = operator.pre_aggregate(table, watermark_before)
+        theirs = reduced.set_column(
+            reduced.schema.get_field_index(KEY), KEY, distinct.take(encoded.indices.slice(n))
+        )
+        partial = with_partials(operator, own, theirs)
+        outcome = operator.merge(partial, state, watermark_after, late_rows)
     _store(operator, backend, state, held, outcome, emit)
+    counters = {"windows_emitted": len(outcome.rows), "late_window": len(outcome.late)}
+    if reduced is not None:
+        counters["partials"] = reduced.num_rows
     for i in outcome.late:
         late(
             "late_window",
             late_error(ts[i].as_py(), watermark_before, operator.allowed_lateness_ms),
             i,
         )
-    return {"windows_emitted": len(outcome.rows), "late_window": len(outcome.late)}
+    return counters
