@@ -36,7 +36,12 @@ from microbatch.runtime.graph_partials import counted_rows, reducing_windows
 from microbatch.settings import Settings
 from microbatch.sinks import read_parquet_sink
 from tests.unit.runtime.test_protocol import Log
-from tests.unit.runtime.test_window_pre_aggregation import BusiestPerWindow, PerPartition
+from tests.unit.runtime.test_window_pre_aggregation import (  # noqa: F401 - restore_switch
+    BusiestPerWindow,
+    PerPartition,
+    dead_letters,
+    restore_switch,
+)
 
 MIN = 60_000
 WINDOWS = {
@@ -128,16 +133,7 @@ def run_graph(tmp_path: Path, kind: str, on: bool) -> tuple[dict[str, list], lis
         for sink in sinks:
             rows = read_parquet_sink(str(tmp_path / sink)).to_pylist()
             out[sink].append(sorted(json.dumps(r, sort_keys=True) for r in rows))
-    dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
-    fields = ("reason", "error", "topic", "partition", "offset", "raw_key", "raw_value", "step")
-    return dict(out), sorted(tuple(d[f] for f in fields) for d in dead), executor
-
-
-@pytest.fixture(autouse=True)
-def _restore_switch():
-    before = windowed.PRE_AGGREGATE
-    yield
-    windowed.PRE_AGGREGATE = before
+    return dict(out), dead_letters(tmp_path / "dead"), executor
 
 
 @pytest.mark.parametrize("kind", sorted(WINDOWS))
@@ -182,11 +178,8 @@ def test_only_windows_fed_by_sources_whose_aggregates_merge_column_wise_are_redu
     graph = flow.build()
 
     assert set(reducing_windows(graph)) == {"sums"}
-    windowed.PRE_AGGREGATE = False
-    try:
-        assert reducing_windows(graph) == {}
-    finally:
-        windowed.PRE_AGGREGATE = True
+    windowed.PRE_AGGREGATE = False  # restore_switch puts it back
+    assert reducing_windows(graph) == {}
 
 
 def test_reduced_records_count_in_the_stat_rows_as_the_records_they_were() -> None:

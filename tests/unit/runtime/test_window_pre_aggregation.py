@@ -182,13 +182,19 @@ def run_all(tmp_path: Path, kind: str, on: bool) -> tuple[list, list, dict[str, 
         BatchRunner(None, pipeline, settings, executor=executor, broker=log).run()
         rows = read_parquet_sink(str(tmp_path / "out")).to_pylist()
         out.append(sorted(json.dumps(r, sort_keys=True) for r in rows))  # batch by batch
-    dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
+    return out, dead_letters(tmp_path / "dead"), dict(executor.kinds)
+
+
+def dead_letters(path: Path) -> list[tuple[Any, ...]]:
+    """The dead letters at ``path``, sorted, without the batch they came in."""
+    dead = read_parquet_sink(str(path)).to_pylist()
     fields = ("reason", "error", "topic", "partition", "offset", "raw_key", "raw_value", "step")
-    return out, sorted(tuple(d[f] for f in fields) for d in dead), dict(executor.kinds)
+    return sorted(tuple(d[f] for f in fields) for d in dead)
 
 
 @pytest.fixture(autouse=True)
-def _restore_switch():
+def restore_switch():
+    """Each test sets ``windowed.PRE_AGGREGATE``; the next finds it as it was."""
     before = windowed.PRE_AGGREGATE
     yield
     windowed.PRE_AGGREGATE = before
@@ -363,9 +369,7 @@ def run_chain(tmp_path: Path, kind: str, on: bool) -> tuple[dict[str, list], lis
         for sink in ("windows", "busiest", "closed"):
             rows = read_parquet_sink(str(tmp_path / sink)).to_pylist()
             out[sink].append([json.dumps(r, sort_keys=True) for r in rows])  # in order
-    dead = read_parquet_sink(str(tmp_path / "dead")).to_pylist()
-    fields = ("reason", "error", "topic", "partition", "offset", "raw_key", "raw_value", "step")
-    return dict(out), sorted(tuple(d[f] for f in fields) for d in dead), dict(executor.kinds)
+    return dict(out), dead_letters(tmp_path / "dead"), dict(executor.kinds)
 
 
 @pytest.mark.parametrize("kind", sorted(CHAINED))

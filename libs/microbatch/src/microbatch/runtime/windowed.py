@@ -350,8 +350,9 @@ def run_windows(
     if reduced is not None:
         every_key = pa.concat_arrays([every_key, _combined(reduced.column(KEY))])
     encoded = every_key.dictionary_encode()  # keys decoded once per distinct key
-    distinct = pa.array([decode_key(kb) for kb in encoded.dictionary.to_pylist()])
-    state = _load(backend, distinct.to_pylist(), encoded.dictionary, watermark_after)
+    keys = [decode_key(kb) for kb in encoded.dictionary.to_pylist()]
+    state = _load(backend, keys, encoded.dictionary, watermark_after)
+    distinct = pa.array(keys)  # the KEY column's values, of the records and the partials
     table = pa.table({})
     ts = _combined(event_ts).cast(pa.int64())
     if n:
@@ -359,8 +360,7 @@ def run_windows(
             pc.shift_left(_combined(partitions).cast(pa.int64()), OFFSET_BITS),
             _combined(offsets).cast(pa.int64()),
         )
-        keys = distinct.take(encoded.indices.slice(0, n))
-        table = pa.table({KEY: keys, TS: ts, ORDER: order})
+        table = pa.table({KEY: distinct.take(encoded.indices.slice(0, n)), TS: ts, ORDER: order})
         for name in records.column_names:
             table = table.append_column(name, records.column(name))
     held = set(state)
