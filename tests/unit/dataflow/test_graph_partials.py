@@ -25,6 +25,7 @@ from microbatch.runtime import (
     DeadLetterSink,
     EventTime,
     InjectedCrash,
+    JsonSchema,
     KafkaSource,
     KeyedProcessFunction,
     ParquetSink,
@@ -73,11 +74,15 @@ def produce(log: Log, seed: int, start: int, n: int) -> None:
         ts = (start + i * 1_500 - behind) // 1_000 * 1_000
         amount = None if rng.random() < 0.1 else rng.randrange(100)
         click = {"user": f"u{rng.randrange(5)}", "ts": ts, "amount": amount, "price": i / 7}
-        log.values[TopicPartition("clicks", i % 2)].append(json.dumps(click).encode())
+        for topic in ("clicks", "visits"):
+            if TopicPartition(topic, i % 2) in log.values:
+                log.values[TopicPartition(topic, i % 2)].append(json.dumps(click).encode())
     if seed % 2:
         for click in ({"user": "u1", "ts": start // 4, "amount": 1, "price": 0.5},
                       {"ts": start, "amount": 2, "price": 0.5}):  # fmt: skip
-            log.values[TopicPartition("clicks", 1)].append(json.dumps(click).encode())
+            for topic in ("clicks", "visits"):
+                if TopicPartition(topic, 1) in log.values:
+                    log.values[TopicPartition(topic, 1)].append(json.dumps(click).encode())
 
 
 #: (first event time, clicks) per batch: windows span batches; the last batch moves the
@@ -85,11 +90,21 @@ def produce(log: Log, seed: int, start: int, n: int) -> None:
 BATCHES = [(0, 160), (250_000, 160), (500_000, 160), (750_000, 160), (990_000, 10)]
 
 
-def run_graph(tmp_path: Path, kind: str, on: bool) -> tuple[dict[str, list], list, PerPartition]:
+#: The clicks' declared schema, for a source decoded as columns (its ``select`` makes
+#: stage 1 key its records column by column: ``runtime.column_records``).
+CLICK = JsonSchema({"user": "string", "ts": "long", "amount": "long", "price": "double"},
+                   nullable=("user", "amount"))  # fmt: skip
+
+
+def run_graph(
+    tmp_path: Path, kind: str, on: bool, schema: bool = False
+) -> tuple[dict[str, list], list, PerPartition]:
     """Per user: windows, re-keyed by window start into a step with timers; beside
     them, clicks per user. The :data:`BATCHES`, the second crashed in stage 2 and
     replayed, the later ones on 3 instances: every sink's rows batch by batch, the dead
-    letters, and the executor (what crossed the first exchange)."""
+    letters, and the executor (what crossed the first exchange). ``schema``: the clicks
+    decoded by :data:`CLICK` into columns, through a ``select``, feed only the window;
+    the clicks per user count the same clicks from a second topic."""
     windowed.PRE_AGGREGATE = on
     log = Log(partitions=2)
     flow = Dataflow(
@@ -100,9 +115,16 @@ def run_graph(tmp_path: Path, kind: str, on: bool) -> tuple[dict[str, list], lis
         max_parallelism=8,
         parallelism=2,
     )
-    clicks = flow.source(KafkaSource(topics=("clicks",)))  # no schema: records as payloads
+    if schema:  # the window's source feeds nothing else: its records count as partials only
+        clicks = flow.source(KafkaSource(topics=("clicks",), value_schema=CLICK))
+        clicks = clicks.select("user", "ts", "amount", "price")
+        visits = flow.source(KafkaSource(topics=("visits",)))  # the same clicks, for Clicks
+        log.values |= {TopicPartition("visits", p): [] for p in range(2)}
+        log.start |= dict.fromkeys(log.values, 0)
+    else:
+        clicks = visits = flow.source(KafkaSource(topics=("clicks",)))  # records as payloads
     if kind == "hopping":  # the window second in its level: its partials found by topic
-        clicks.key_by("user").process(Clicks(), uid="clicks").to(
+        visits.key_by("user").process(Clicks(), uid="clicks").to(
             ParquetSink("clicks", str(tmp_path / "clicks"))
         )
     per_user = clicks.key_by("user").window(WINDOWS[kind](), uid="per-user")
@@ -113,7 +135,7 @@ def run_graph(tmp_path: Path, kind: str, on: bool) -> tuple[dict[str, list], lis
             outputs=[ParquetSink("closed", str(tmp_path / "closed"))],
         ).to(ParquetSink("busiest", str(tmp_path / "busiest")))  # fmt: skip
     if kind != "hopping":
-        clicks.key_by("user").process(Clicks(), uid="clicks").to(
+        visits.key_by("user").process(Clicks(), uid="clicks").to(
             ParquetSink("clicks", str(tmp_path / "clicks"))
         )
     pipeline = flow.build()
@@ -136,12 +158,13 @@ def run_graph(tmp_path: Path, kind: str, on: bool) -> tuple[dict[str, list], lis
     return dict(out), dead_letters(tmp_path / "dead"), executor
 
 
+@pytest.mark.parametrize("schema", [False, True], ids=["payloads", "declared schema"])
 @pytest.mark.parametrize("kind", sorted(WINDOWS))
 def test_a_graph_s_window_reduced_in_stage_one_equals_the_records_path(
-    tmp_path: Path, kind: str
+    tmp_path: Path, kind: str, schema: bool
 ) -> None:
-    want_out, want_dead, plain = run_graph(tmp_path / "records", kind, on=False)
-    got_out, got_dead, reduced = run_graph(tmp_path / "partials", kind, on=True)
+    want_out, want_dead, plain = run_graph(tmp_path / "records", kind, on=False, schema=schema)
+    got_out, got_dead, reduced = run_graph(tmp_path / "partials", kind, on=True, schema=schema)
 
     def window_records(executor: PerPartition) -> int:
         """Records that crossed to the window (a later step's are marked with its uid)."""
@@ -161,8 +184,11 @@ def test_a_graph_s_window_reduced_in_stage_one_equals_the_records_path(
     assert len(want_out["windows"][-1]) > 10
     assert len(want_out["clicks"][-2]) == 5 * 4  # 5 users, in each of the first 4 batches
     # stage 1 sets a record aside whole when one of its ways out refuses it: late for
-    # the clicks, or without a user
-    assert {(d[0], d[-1]) for d in want_dead} == {("late", None), ("missing_key", None)}
+    # the clicks, or without a user; a late click of its own topic the window sets aside
+    dead = {("late", None), ("missing_key", None)} | (
+        {("late_window", "per-user")} if schema else set()
+    )
+    assert {(d[0], d[-1]) for d in want_dead} == dead
     assert got_out == want_out
     assert got_dead == want_dead
 

@@ -30,6 +30,7 @@ from microbatch.runtime.columnar import (
 from microbatch.runtime.columns import ColumnStep
 from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RECORD, SOURCE_COLUMNS, EnvelopeBuilder
 from microbatch.runtime.graph import source_of_topic
+from microbatch.runtime.graph_partials import counted_rows
 from microbatch.runtime.schema import ValueSchema
 from microbatch.state.codec import encode_values
 
@@ -97,12 +98,14 @@ def _source_records(
         values = rows.column("value")
     table, at, dead = decode_values(cast(ValueSchema, source.value_schema), values)
     table, at = column_steps(stage, steps, table, at, rows)
-    keyed, rest = _keyed_columns(stage, table, rows.column("topic").take(pa.array(at)))
+    coordinates = rows.select(list(SOURCE_COLUMNS[:3])).take(pa.array(at, pa.int64()))
+    keyed, rest = _keyed_columns(stage, table, coordinates)
     records = table.take(pa.array(rest)).to_pylist() if len(rest) < len(at) else table.to_pylist()
-    take = pa.array(at[rest], pa.int64())
-    coordinates = (rows.column(c).take(take).to_pylist() for c in SOURCE_COLUMNS[:3])
     add_records = stage.add_records
-    for record, t, p, o, row in zip(records, *coordinates, at[rest].tolist(), strict=True):
+    for record, t, p, o, row in zip(
+        records, *(coordinates.column(c).take(pa.array(rest)).to_pylist() for c in range(3)),
+        at[rest].tolist(), strict=True,
+    ):  # fmt: skip
         try:
             add_records(out, t, p, o, record)
         except _Bad as bad:
@@ -110,78 +113,103 @@ def _source_records(
     add_dead_letters(out, dead, rows, stage.parallelism)
     if keyed is None:
         return None
+    out.rows.extend(keyed.partials)
+    out.counted.extend(keyed.counted)
+    if not keyed.ways:
+        return None
     return _with_coordinates(keyed, rows.take(pa.array(at[keyed.rows], pa.int64())))
 
 
 class _Keyed:
-    """Records keyed column-wise: per way out, the envelope columns but the source
-    coordinates, of the records at ``rows`` (positions in the decoded table)."""
+    """Records keyed column-wise: per way out that takes records, the envelope columns
+    but the source coordinates, of the records at ``rows`` (positions in the decoded
+    table); and the ``partial`` rows of the ways into windows stage 1 reduces, with the
+    rows their records count as in the ``stat`` rows (:mod:`.graph_partials`)."""
 
-    def __init__(self, rows: np.ndarray, ways: list[dict[str, Any]]) -> None:
+    def __init__(self, rows: np.ndarray) -> None:
         self.rows = rows
-        self.ways = ways
+        self.ways: list[dict[str, Any]] = []
+        self.partials: list[tuple[Any, ...]] = []
+        self.counted: list[pa.RecordBatch] = []
 
 
-def _ways(stage: StageOne, topic: str) -> list[tuple[str, int | None, str | None]] | None:
-    """(key field, late before, marker) of each way a record of ``topic`` goes on, or
-    None when one needs the per-record path: a record-wise step, a computed key, a
-    sink fed by the source."""
+def _ways(stage: StageOne, topic: str) -> list[tuple[str, int | None, str | None, Any]] | None:
+    """(key field, late before, marker, reduction or None) of each way a record of
+    ``topic`` goes on, or None when one needs the per-record path: a record-wise step, a
+    computed key, a sink fed by the source."""
     if stage._source_taps.get(topic):
         return None
     if stage.pipeline.edges:
         routes = stage._routes[topic]
         if any(r.edge.chain or r.field is None for r in routes):
             return None
-        return [(cast(str, r.field), r.late_before, r.marker) for r in routes]
+        return [(cast(str, r.field), r.late_before, r.marker, r.reduce) for r in routes]
     if stage.prefix_of(topic) or stage._key_field is None:
         return None
-    return [(stage._key_field, stage._late_before, None)]
+    return [(stage._key_field, stage._late_before, None, None)]
 
 
 def _keyed_columns(
-    stage: StageOne, table: pa.Table, topics: pa.Array
+    stage: StageOne, table: pa.Table, coordinates: pa.RecordBatch
 ) -> tuple[_Keyed | None, np.ndarray]:
-    """Key, key-group, event time and payload of a source's decoded records, column by
-    column, for every way out (:func:`_ways`); and the positions of the records the
-    per-record path must judge (``StageOne.add_records``): a missing key or event time,
-    an ISO-8601 one, a late record, a value the codec refuses, a topic whose records go
-    through record-wise steps. The rows are those the per-record path gives."""
+    """Key, key-group, event time and payload of a source's decoded records (read at
+    ``coordinates``: topic, partition, offset, row for row), column by column, for every
+    way out (:func:`_ways`) — a window's that stage 1 reduces as partials; and the
+    positions of the records the per-record path must judge (``StageOne.add_records``):
+    a missing key or event time, an ISO-8601 one, a late record, a value the codec
+    refuses, a topic whose records go through record-wise steps. The rows are those the
+    per-record path gives."""
     n = table.num_rows
     everything = np.arange(n)
-    distinct = pc.unique(topics).to_pylist() if n else []
+    distinct = pc.unique(coordinates.column("topic")).to_pylist() if n else []
     if len(distinct) != 1:  # none, or several topics of one source (rare): one by one
         return None, everything
-    ways = _ways(stage, distinct[0])
-    if ways is None or any(field not in table.column_names for field, _, _ in ways):
+    topic = distinct[0]
+    ways = _ways(stage, topic)
+    if ways is None or any(way[0] not in table.column_names for way in ways):
         return None, everything
     slow = np.zeros(n, dtype=bool)
-    keys = [keys_of(stage, table.column(field)) for field, _, _ in ways]
+    keys = [keys_of(stage, table.column(way[0])) for way in ways]
     for _, _, null in keys:
         slow |= null
     ts = event_times_of(stage, table, slow, None)
-    for _, late_before, _ in ways:
+    for _, late_before, _, _ in ways:
         if ts is not None and late_before is not None:
             slow |= ts < late_before
     keep = np.nonzero(~slow)[0]
-    try:
-        payloads = encode_values(table.take(pa.array(keep)).to_pylist())
-    except MicrobatchError:  # a value the codec refuses: a dead letter, one by one
-        return None, everything
     taken = pa.array(keep)
+    keyed = _Keyed(keep)
+    parts, offs = (coordinates.column(c).take(taken).to_numpy() for c in ("partition", "offset"))
+    record_ways = []
+    for (kbs, kgs, _), (_, _, marker, reduction) in zip(keys, ways, strict=True):
+        groups, key = kgs[keep].astype(np.int32), kbs.take(taken)
+        if reduction is not None and ts is not None and len(keep):  # a window's partials
+            marked = topic if marker is None else marker
+            fields = {f: table.column(f).take(taken) for f in reduction.operator.fields_read()
+                      if f in table.column_names}  # fmt: skip
+            partials = reduction.of_columns(marked, fields, key, groups, ts[keep], parts, offs)
+            if partials is not None:
+                keyed.partials.extend(partials)
+                keyed.counted.append(counted_rows(marked, parts, offs, ts[keep]))
+                continue
+        record_ways.append((marker, groups, key))
+    if record_ways:
+        try:
+            payloads = pa.array(encode_values(table.take(taken).to_pylist()), pa.binary())
+        except MicrobatchError:  # a value the codec refuses: a dead letter, one by one
+            return None, everything
     instance_of = np.asarray(stage._instance_of, dtype=np.int32)
-    columns = []
-    for (kbs, kgs, _), (_, _, marker) in zip(keys, ways, strict=True):
-        groups = kgs[keep].astype(np.int32)
-        columns.append({
+    for marker, groups, key in record_ways:
+        keyed.ways.append({
             "marker": marker,
             "instance": pa.array(instance_of[groups]),
             "key_group": pa.array(groups),
-            "key": kbs.take(taken),
+            "key": key,
             "event_ts": pa.nulls(len(keep), pa.int64()) if ts is None
             else pa.array(ts[keep], pa.int64()),
-            "payload": pa.array(payloads, pa.binary()),
+            "payload": payloads,
         })  # fmt: skip
-    return _Keyed(keep, columns), np.nonzero(slow)[0]
+    return keyed, np.nonzero(slow)[0]
 
 
 def _with_coordinates(keyed: _Keyed, source: pa.RecordBatch) -> pa.RecordBatch:

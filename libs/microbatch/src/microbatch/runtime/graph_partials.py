@@ -21,7 +21,8 @@ counts and its offset sums are what they would be without the reduction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,53 +59,70 @@ def reducing_windows(pipeline: Pipeline) -> dict[str, WindowOperator]:
     return reducing
 
 
-def route_partials(
-    operator: WindowOperator,
-    watermark: int | None,
-    instance_of: Sequence[int],
-    marked: str,
-    records: Sequence[dict[str, Any]],
-    key_bytes: Sequence[bytes],
-    groups: Sequence[int],
-    event_ts: Sequence[int],
-    parts: Sequence[int],
-    offs: Sequence[int],
-) -> list[tuple[Any, ...]] | None:
-    """The ``partial`` rows (envelope tuples, topic ``marked``) of a run of ``records``
-    keyed for a window step — record ``j``'s key bytes ``key_bytes[j]`` in key-group
-    ``groups[j]``, read at ``parts[j]``/``offs[j]`` — or None when the run must go
-    record by record. ``watermark``: the batch's starting one, as stage 2 decides
-    lateness."""
-    try:
-        fields = {name: pa.array([r.get(name) for r in records]) for name in operator.fields_read()}
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return None
-    for column, fn in (n for a in operator.aggregates for n in a.needs()):
-        if fn == "sum" and column in fields and pa.types.is_floating(fields[column].type):
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    """How stage 1 reduces the records it routes to one window step: the step's
+    ``operator``, the batch's starting ``watermark`` (stage 2 decides lateness by it) and
+    the instance of each key-group. A run of records becomes the ``partial`` rows (envelope
+    tuples, topic ``marked``) of its partials — record ``j`` with key bytes
+    ``key_bytes[j]`` in key-group ``groups[j]``, read at ``parts[j]``/``offs[j]`` — or
+    None when the run must go record by record."""
+
+    operator: WindowOperator
+    watermark: int | None
+    instance_of: Sequence[int]
+
+    def of_records(
+        self, marked: str, records: Sequence[dict[str, Any]], key_bytes: Sequence[bytes],
+        groups: Sequence[int], event_ts: Sequence[int], parts: Sequence[int],
+        offs: Sequence[int],
+    ) -> list[tuple[Any, ...]] | None:  # fmt: skip
+        """A run of decoded records (:mod:`.routed_runs`)."""
+        try:
+            fields = {n: pa.array([r.get(n) for r in records]) for n in self.operator.fields_read()}
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
             return None
-    order = (np.asarray(parts, np.int64) << windowed.OFFSET_BITS) | np.asarray(offs, np.int64)
-    table = pa.table(
-        {KEY: pa.array(key_bytes, pa.binary()), TS: pa.array(event_ts, pa.int64()),
-         ORDER: pa.array(order), _KG: pa.array(groups, pa.int32()), **fields}
-    )  # fmt: skip
-    partial, late = operator.pre_aggregate(table, watermark, [(_KG, "min")])
-    if late:
-        return None
-    if partial is None:
-        return []
-    kgs = partial.column(f"{_KG}_min").to_numpy(zero_copy_only=False)
-    instances = np.asarray(instance_of, np.int32)[kgs]
-    partial = partial.drop_columns([f"{_KG}_min"])
-    rows = []
-    for instance in np.unique(instances).tolist():
-        mine = partial.filter(pa.array(instances == instance))
-        blob = _ipc_bytes(mine)
-        rows.append((PARTIAL, marked, parts[0], offs[0], 0, instance, None, None, None, blob))
-    return rows
+        keys = pa.array(key_bytes, pa.binary())
+        return self.of_columns(marked, fields, keys, groups, event_ts, parts, offs)
+
+    def of_columns(
+        self, marked: str, fields: Mapping[str, pa.Array], key_bytes: pa.Array,
+        groups: Sequence[int] | np.ndarray, event_ts: Sequence[int] | np.ndarray,
+        parts: Sequence[int] | np.ndarray, offs: Sequence[int] | np.ndarray,
+    ) -> list[tuple[Any, ...]] | None:  # fmt: skip
+        """A run as columns: ``fields`` holds (at least) the fields the aggregates read,
+        row for row (:mod:`.column_records`, a source's decoded and keyed columns)."""
+        operator = self.operator
+        for column, fn in (n for a in operator.aggregates for n in a.needs()):
+            if fn == "sum" and column in fields and pa.types.is_floating(fields[column].type):
+                return None
+        order = (np.asarray(parts, np.int64) << windowed.OFFSET_BITS) | np.asarray(offs, np.int64)
+        table = pa.table(
+            {KEY: key_bytes, TS: pa.array(event_ts, pa.int64()), ORDER: pa.array(order),
+             _KG: pa.array(groups, pa.int32()),
+             **{n: fields.get(n, pa.nulls(len(key_bytes))) for n in operator.fields_read()}}
+        )  # fmt: skip
+        partial, late = operator.pre_aggregate(table, self.watermark, [(_KG, "min")])
+        if late:
+            return None
+        if partial is None:
+            return []
+        kgs = partial.column(f"{_KG}_min").to_numpy(zero_copy_only=False)
+        instances = np.asarray(self.instance_of, np.int32)[kgs]
+        partial = partial.drop_columns([f"{_KG}_min"])
+        first = (marked, int(parts[0]), int(offs[0]), 0)
+        return [
+            (PARTIAL, *first, instance, None, None, None,
+             _ipc_bytes(partial.filter(pa.array(instances == instance))))
+            for instance in np.unique(instances).tolist()
+        ]  # fmt: skip
 
 
 def counted_rows(
-    marked: str, parts: Sequence[int], offs: Sequence[int], event_ts: Sequence[int]
+    marked: str,
+    parts: Sequence[int] | np.ndarray,
+    offs: Sequence[int] | np.ndarray,
+    event_ts: Sequence[int] | np.ndarray,
 ) -> pa.RecordBatch:
     """``record`` rows standing for reduced records in the ``stat`` rows only: what is
     counted of a record (its partition, offset and event time), the rest null."""
@@ -136,4 +154,5 @@ def _ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+    blob: bytes = sink.getvalue().to_pybytes()
+    return blob

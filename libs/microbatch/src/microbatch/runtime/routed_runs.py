@@ -86,8 +86,8 @@ def routed_rows(
             marked = topic if route.marker is None else route.marker
             key_bytes, groups, instances = zip(*placed, strict=True)
             if route.reduce is not None:  # a window's records as partials
-                partials = route.reduce(marked, kept, key_bytes, groups, event_ts, kept_parts,
-                                        kept_offs)  # fmt: skip
+                partials = route.reduce.of_records(marked, kept, key_bytes, groups, event_ts,
+                                                   kept_parts, kept_offs)  # fmt: skip
                 if partials is None:
                     return None
                 rows.extend(partials)

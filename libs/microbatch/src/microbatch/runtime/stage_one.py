@@ -12,7 +12,7 @@ import functools
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -50,7 +50,7 @@ from microbatch.runtime.graph import (
     source_of_topic,
     step_order,
 )
-from microbatch.runtime.graph_partials import reducing_windows, route_partials
+from microbatch.runtime.graph_partials import Reduction, reducing_windows
 from microbatch.runtime.pipeline import KafkaSource, Pipeline, input_of
 from microbatch.runtime.routed_runs import Placed, routed_rows
 from microbatch.runtime.schema import SCHEMA_MISMATCH, SchemaMismatch
@@ -81,9 +81,8 @@ class _Route:
     edge: Edge
     marker: str | None
     late_before: int | None
-    #: For a window that stage 1 reduces: a run's partial rows, or None to go record by
-    #: record (:func:`~.graph_partials.route_partials` but its first three arguments).
-    reduce: Callable[..., list[tuple[Any, ...]] | None] | None = None
+    #: For a window that stage 1 reduces: how (:mod:`.graph_partials`).
+    reduce: Reduction | None = None
 
     @property
     def field(self) -> str | None:
@@ -171,12 +170,10 @@ class StageOne:
             zip(step_order(pipeline), (pipeline.process, *(s.process for s in pipeline.steps)),
                 strict=True)
         )  # fmt: skip
-        reducing = reducing_windows(pipeline)
-        reduce = {
-            uid: functools.partial(route_partials, reducing[uid], self.watermark,
-                                   self._instance_of)
-            for uid in self.reduced_windows or () if uid in reducing
-        }  # fmt: skip
+        reduce = {  # the windows the driver chose to reduce
+            uid: Reduction(cast(Any, functions[uid]).operator, self.watermark, self._instance_of)
+            for uid in self.reduced_windows or ()
+        }
         return {
             topic: tuple(
                 _Route(
