@@ -97,14 +97,15 @@ CLICK = JsonSchema({"user": "string", "ts": "long", "amount": "long", "price": "
 
 
 def run_graph(
-    tmp_path: Path, kind: str, on: bool, schema: bool = False
+    tmp_path: Path, kind: str, on: bool, values: str = "payloads"
 ) -> tuple[dict[str, list], list, PerPartition]:
     """Per user: windows, re-keyed by window start into a step with timers; beside
     them, clicks per user. The :data:`BATCHES`, the second crashed in stage 2 and
     replayed, the later ones on 3 instances: every sink's rows batch by batch, the dead
-    letters, and the executor (what crossed the first exchange). ``schema``: the clicks
-    decoded by :data:`CLICK` into columns, through a ``select``, feed only the window;
-    the clicks per user count the same clicks from a second topic."""
+    letters, and the executor (what crossed the first exchange). ``values``: the clicks
+    as payloads; or decoded by :data:`CLICK` into columns (``"columns"``: through a
+    ``select``; ``"declared"``: no column step), feeding only the window, while the
+    clicks per user count the same clicks from a second topic."""
     windowed.PRE_AGGREGATE = on
     log = Log(partitions=2)
     flow = Dataflow(
@@ -115,9 +116,10 @@ def run_graph(
         max_parallelism=8,
         parallelism=2,
     )
-    if schema:  # the window's source feeds nothing else: its records count as partials only
+    if values != "payloads":  # the window's source feeds nothing else: partials count only
         clicks = flow.source(KafkaSource(topics=("clicks",), value_schema=CLICK))
-        clicks = clicks.select("user", "ts", "amount", "price")
+        if values == "columns":
+            clicks = clicks.select("user", "ts", "amount", "price")
         visits = flow.source(KafkaSource(topics=("visits",)))  # the same clicks, for Clicks
         log.values |= {TopicPartition("visits", p): [] for p in range(2)}
         log.start |= dict.fromkeys(log.values, 0)
@@ -158,13 +160,13 @@ def run_graph(
     return dict(out), dead_letters(tmp_path / "dead"), executor
 
 
-@pytest.mark.parametrize("schema", [False, True], ids=["payloads", "declared schema"])
+@pytest.mark.parametrize("values", ["payloads", "columns", "declared"])
 @pytest.mark.parametrize("kind", sorted(WINDOWS))
 def test_a_graph_s_window_reduced_in_stage_one_equals_the_records_path(
-    tmp_path: Path, kind: str, schema: bool
+    tmp_path: Path, kind: str, values: str
 ) -> None:
-    want_out, want_dead, plain = run_graph(tmp_path / "records", kind, on=False, schema=schema)
-    got_out, got_dead, reduced = run_graph(tmp_path / "partials", kind, on=True, schema=schema)
+    want_out, want_dead, plain = run_graph(tmp_path / "records", kind, on=False, values=values)
+    got_out, got_dead, reduced = run_graph(tmp_path / "partials", kind, on=True, values=values)
 
     def window_records(executor: PerPartition) -> int:
         """Records that crossed to the window (a later step's are marked with its uid)."""
@@ -185,12 +187,31 @@ def test_a_graph_s_window_reduced_in_stage_one_equals_the_records_path(
     assert len(want_out["clicks"][-2]) == 5 * 4  # 5 users, in each of the first 4 batches
     # stage 1 sets a record aside whole when one of its ways out refuses it: late for
     # the clicks, or without a user; a late click of its own topic the window sets aside
-    dead = {("late", None), ("missing_key", None)} | (
-        {("late_window", "per-user")} if schema else set()
-    )
+    dead = {("late", None), ("missing_key", None)}
+    if values != "payloads":
+        dead.add(("late_window", "per-user"))
     assert {(d[0], d[-1]) for d in want_dead} == dead
     assert got_out == want_out
     assert got_dead == want_dead
+
+
+def test_a_declared_schema_s_values_decoded_as_columns_give_the_records_each_alone_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph's source with a declared schema and no column step is decoded as columns
+    (``column_plan.decoded_as_columns``), its keys computed column-wise: every sink, batch
+    by batch, and every dead letter (the keyless and the late click) equal what decoding
+    each value by itself gives."""
+    from microbatch.runtime.column_plan import record_column_steps
+    from microbatch.runtime.stage_one import StageOne
+
+    got = run_graph(tmp_path / "columns", "hopping", on=True, values="declared")
+    assert got[2].kinds[PARTIAL]  # keyed as columns: the window's records reduced
+    with monkeypatch.context() as m:  # stage 1 as before: only column steps make columns
+        m.setattr(StageOne, "column_sources", property(lambda s: record_column_steps(s.pipeline)))
+        want = run_graph(tmp_path / "values", "hopping", on=True, values="declared")
+    assert not want[2].kinds.get(PARTIAL)  # each value decoded alone: records cross
+    assert got[:2] == want[:2]
 
 
 def test_only_windows_fed_by_sources_whose_aggregates_merge_column_wise_are_reduced() -> None:

@@ -122,6 +122,23 @@ def record_column_steps(pipeline: Pipeline) -> dict[int, tuple[ColumnStep, ...]]
     return {}
 
 
+def decoded_as_columns(pipeline: Pipeline) -> dict[int, tuple[ColumnStep, ...]]:
+    """Per source index whose rows stage 1 decodes as columns before it builds records:
+    its column steps (:func:`record_column_steps`), and, in a dataflow of several sources
+    or a graph without enrichment, none for a declared schema's source without any. Its
+    values then cost one ``pyarrow.json`` parse per batch and its keys one per distinct
+    key, not a ``json.loads`` and a keying per record; its records are the same."""
+    steps = record_column_steps(pipeline)
+    if pipeline.enrich is not None or not (pipeline.inputs or pipeline.edges):
+        return steps
+    sources = [i.source for i in pipeline.inputs] if pipeline.inputs else [pipeline.source]
+    return {
+        i: steps.get(i, ())
+        for i, source in enumerate(sources)
+        if i in steps or source.value_schema is not None
+    }
+
+
 def check_record_column_steps(pipeline: Pipeline, where: str) -> None:
     """Column steps of several sources, of a graph's source, or before record-wise
     steps: each on its source's declared columns, no source sink of that source beside

@@ -22,7 +22,7 @@ from microbatch.gcpause import freeze_in_spark_worker, gc_paused
 from microbatch.kafka.confluent_reader import check_confluent
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_indexes
-from microbatch.runtime.column_plan import columnar_values, record_column_steps
+from microbatch.runtime.column_plan import columnar_values, decoded_as_columns
 from microbatch.runtime.column_records import records_from_columns
 from microbatch.runtime.column_taps import tap_envelopes
 from microbatch.runtime.columnar import KnownKeys, columnar_envelopes
@@ -395,9 +395,9 @@ class StageOne:
 
     @functools.cached_property
     def column_sources(self) -> dict[int, tuple[ColumnStep, ...]]:
-        """Per source index: the column steps its rows go through, as columns, before
-        they become records (a dataflow of several sources or a graph)."""
-        return record_column_steps(self.pipeline)
+        """Per source index decoded as columns before its rows become records (a dataflow
+        of several sources or a graph): the column steps its rows go through."""
+        return decoded_as_columns(self.pipeline)
 
     def add_rows(
         self, out: EnvelopeBuilder, topics: list[str], parts: list[int], offs: list[int],
