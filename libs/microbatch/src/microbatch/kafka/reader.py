@@ -151,8 +151,8 @@ def kafka_batch(
         [
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(topic, pa.string()), n),  # a tenth of a list's cost
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
             pa.array(offsets, pa.int64()),
             pa.nulls(n, pa.int64()) if timestamps is None else pa.array(timestamps, pa.int64()),
             pa.nulls(n, _HEADERS_TYPE) if headers is None else _headers_array(headers),
