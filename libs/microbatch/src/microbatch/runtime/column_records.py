@@ -1,12 +1,15 @@
-"""Records of sources with column steps, in a dataflow whose records travel as payloads.
+"""Records of sources decoded as columns, in a dataflow whose records travel as payloads.
 
-A source of several, or of a graph, or one whose ``where``/``select`` are followed by
-record-wise steps, is decoded as columns and goes through its column steps in stage 1
-(:func:`records_from_columns`); then its kept rows become records. Where every way out of
+A source with a declared schema of several, or of a graph, or one whose
+``where``/``select`` are followed by record-wise steps, is decoded as columns and goes
+through its column steps, if any, in stage 1 (:func:`records_from_columns`;
+:func:`~.column_plan.decoded_as_columns`); then its kept rows become records. Where every way out of
 the source is keyed by a field, keys, key-groups and event times are computed column by
 column and the payloads encoded as one run (:func:`_keyed_columns`): the same rows the
-per-record path (``StageOne.add_records``) gives, at a third of its cost. Records that
-need judging — no key, an event time to convert, a late one — take that path.
+per-record path (``StageOne.add_records``) gives, at a third of its cost; a way into a
+window that stage 1 reduces gets the partials of the kept columns instead
+(:mod:`.graph_partials`). Records that need judging — no key, an event time to convert,
+a late one — take that path.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from microbatch.runtime.schema import ValueSchema
 from microbatch.state.codec import encode_values
 
 if TYPE_CHECKING:
+    from microbatch.runtime.graph_partials import Reduction
     from microbatch.runtime.stage_one import StageOne
 
 
@@ -133,7 +137,9 @@ class _Keyed:
         self.counted: list[pa.RecordBatch] = []
 
 
-def _ways(stage: StageOne, topic: str) -> list[tuple[str, int | None, str | None, Any]] | None:
+def _ways(
+    stage: StageOne, topic: str
+) -> list[tuple[str, int | None, str | None, Reduction | None]] | None:
     """(key field, late before, marker, reduction or None) of each way a record of
     ``topic`` goes on, or None when one needs the per-record path: a record-wise step, a
     computed key, a sink fed by the source."""

@@ -5,7 +5,8 @@ row per record, its whole payload; a window step then decodes every payload and 
 columns to aggregate a field or two. For a window step that only sources feed (a branch
 of a source, as the payments job's spend per card) whose aggregates merge column-wise
 (count, sum, min, max, mean, first, last — not ``collect``, custom aggregates or
-sessions), stage 1 reduces the run instead, with the window operator's own group-by
+sessions), stage 1 reduces the run instead — or the batch of a declared schema's columns
+it keys column by column (:mod:`.column_records`) — with the window operator's own group-by
 (:meth:`~microbatch.windows.operator.WindowOperator.pre_aggregate`): a partial per (key,
 window) — per pane for hopping windows — and one ``partial`` row per instance whose
 payload is an Arrow IPC stream of that instance's partials. Stage 2 merges them with any
