@@ -106,10 +106,10 @@ def _source_records(
     keyed, rest = _keyed_columns(stage, table, coordinates)
     records = table.take(pa.array(rest)).to_pylist() if len(rest) < len(at) else table.to_pylist()
     add_records = stage.add_records
+    judged = coordinates.take(pa.array(rest))
     for record, t, p, o, row in zip(
-        records, *(coordinates.column(c).take(pa.array(rest)).to_pylist() for c in range(3)),
-        at[rest].tolist(), strict=True,
-    ):  # fmt: skip
+        records, *(judged.column(c).to_pylist() for c in range(3)), at[rest].tolist(), strict=True
+    ):
         try:
             add_records(out, t, p, o, record)
         except _Bad as bad:
@@ -184,19 +184,20 @@ def _keyed_columns(
             slow |= ts < late_before
     keep = np.nonzero(~slow)[0]
     taken = pa.array(keep)
+    kept_ts = None if ts is None else ts[keep]
     keyed = _Keyed(keep)
     parts, offs = (coordinates.column(c).take(taken).to_numpy() for c in ("partition", "offset"))
     record_ways = []
     for (kbs, kgs, _), (_, _, marker, reduction) in zip(keys, ways, strict=True):
         groups, key = kgs[keep].astype(np.int32), kbs.take(taken)
-        if reduction is not None and ts is not None and len(keep):  # a window's partials
+        if reduction is not None and kept_ts is not None and len(keep):  # a window's partials
             marked = topic if marker is None else marker
             fields = {f: table.column(f).take(taken) for f in reduction.operator.fields_read()
                       if f in table.column_names}  # fmt: skip
-            partials = reduction.of_columns(marked, fields, key, groups, ts[keep], parts, offs)
+            partials = reduction.of_columns(marked, fields, key, groups, kept_ts, parts, offs)
             if partials is not None:
                 keyed.partials.extend(partials)
-                keyed.counted.append(counted_rows(marked, parts, offs, ts[keep]))
+                keyed.counted.append(counted_rows(marked, parts, offs, kept_ts))
                 continue
         record_ways.append((marker, groups, key))
     if record_ways:
@@ -211,8 +212,8 @@ def _keyed_columns(
             "instance": pa.array(instance_of[groups]),
             "key_group": pa.array(groups),
             "key": key,
-            "event_ts": pa.nulls(len(keep), pa.int64()) if ts is None
-            else pa.array(ts[keep], pa.int64()),
+            "event_ts": pa.nulls(len(keep), pa.int64()) if kept_ts is None
+            else pa.array(kept_ts, pa.int64()),
             "payload": payloads,
         })  # fmt: skip
     return keyed, np.nonzero(slow)[0]

@@ -97,9 +97,9 @@ class Reduction:
         for column, fn in (n for a in operator.aggregates for n in a.needs()):
             if fn == "sum" and column in fields and pa.types.is_floating(fields[column].type):
                 return None
-        order = (np.asarray(parts, np.int64) << windowed.OFFSET_BITS) | np.asarray(offs, np.int64)
         table = pa.table(
-            {KEY: key_bytes, TS: pa.array(event_ts, pa.int64()), ORDER: pa.array(order),
+            {KEY: key_bytes, TS: pa.array(event_ts, pa.int64()),
+             ORDER: windowed.source_orders(parts, offs),
              _KG: pa.array(groups, pa.int32()),
              **{n: fields.get(n, pa.nulls(len(key_bytes))) for n in operator.fields_read()}}
         )  # fmt: skip

@@ -73,7 +73,7 @@ PARTIAL_PREFIX = "partial_"
 
 #: The value state holding a key's open windows: ``{start: [end, partials]}``.
 STATE = "__windows"
-_PARTITION_BITS, OFFSET_BITS = 12, 44
+_PARTITION_BITS, _OFFSET_BITS = 12, 44
 
 
 def _combined(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -83,7 +83,18 @@ def _combined(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 def source_order(partition: int, offset: int) -> int:
     """A record's place in its source, comparable across batches: ties in event time go
     to the lower partition, then the lower offset."""
-    return (partition << OFFSET_BITS) | offset
+    return (partition << _OFFSET_BITS) | offset
+
+
+def source_orders(partitions: Any, offsets: Any) -> pa.Array:
+    """:func:`source_order` of each record, over columns (Arrow, numpy or lists)."""
+
+    def int64(values: Any) -> pa.Array:
+        if isinstance(values, pa.Array | pa.ChunkedArray):
+            return _combined(values).cast(pa.int64())
+        return pa.array(np.asarray(values, np.int64))
+
+    return pc.bit_wise_or(pc.shift_left(int64(partitions), _OFFSET_BITS), int64(offsets))
 
 
 def pre_aggregation(pipeline: Pipeline, enabled: bool | None = None) -> WindowOperator | None:
@@ -189,10 +200,7 @@ def stage_one_partials(
     records whose every window had closed at ``watermark`` (the batch's starting one), as
     stage 2 would have set them aside, with every declared field (``late_fields``: those
     of the records at the given rows; default: ``fields``')."""
-    order = pc.bit_wise_or(
-        pc.shift_left(records.column("partition").cast(pa.int64()), OFFSET_BITS),
-        records.column("offset").cast(pa.int64()),
-    )
+    order = source_orders(records.column("partition"), records.column("offset"))
     table = pa.table(
         {KEY: records.column("key"), TS: records.column("event_ts"), ORDER: order,
          "__kg": records.column("key_group"), **{n: fields.column(n) for n in fields.column_names}}
@@ -356,10 +364,7 @@ def run_windows(
     table = pa.table({})
     ts = _combined(event_ts).cast(pa.int64())
     if n:
-        order = pc.bit_wise_or(
-            pc.shift_left(_combined(partitions).cast(pa.int64()), OFFSET_BITS),
-            _combined(offsets).cast(pa.int64()),
-        )
+        order = source_orders(partitions, offsets)
         table = pa.table({KEY: distinct.take(encoded.indices.slice(0, n)), TS: ts, ORDER: order})
         for name in records.column_names:
             table = table.append_column(name, records.column(name))
