@@ -10,6 +10,7 @@ import pytest
 
 from microbatch.errors import ConfigError
 from microbatch.joins import TableJoin
+from microbatch.runtime.process import KeyedProcessFunction, Sided
 from microbatch.state.codec import CodecError
 from microbatch.testing import ProcessHarness, sided
 
@@ -169,3 +170,50 @@ def test_bad_definitions_are_refused_when_built(kwargs, message):
     with pytest.raises(ConfigError) as e:
         TableJoin(**kwargs)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_keys_joined_at_once_give_exactly_what_process_gives_key_by_key(how, seed, monkeypatch):
+    """``process_batch`` takes every key: output in the same order, the same state."""
+    keys = [f"k{i}" for i in range(8)]
+    rng = random.Random(seed)
+    fed = []
+    for stream, table in changelog(seed, batches=24, keys=keys):  # sides interleaved
+        pairs = [(k, Sided(0, r)) for k, r in stream] + [(k, Sided(1, r)) for k, r in table]
+        rng.shuffle(pairs)
+        fed.append(pairs)
+
+    def run_all():
+        harness = ProcessHarness(TableJoin(how, pair_ids, deleted), max_parallelism=16)
+        out = []
+        for j, pairs in enumerate(fed):
+            harness.rescale((2, 3, 1)[j % 3])
+            out.append(harness.batch(pairs))
+        return out, {k: harness.state(k) for k in harness.keys_with_state()}
+
+    at_once, state = run_all()
+    monkeypatch.setattr(TableJoin, "process_batch", KeyedProcessFunction.process_batch)
+    by_key, want_state = run_all()
+
+    assert [r.emitted for r in at_once] == [r.emitted for r in by_key]
+    assert state == want_state and len(state) >= 3
+    assert sum(r.keys_batched for r in at_once) == sum(len({k for k, _ in p}) for p in fed)
+    assert sum(len(r.emitted) for r in at_once) > 10
+
+
+def test_a_key_whose_select_raises_is_left_to_process_with_its_state_untouched():
+    def select(stream, row):
+        if stream["id"] == "boom":
+            raise RuntimeError("no row for boom")
+        return (stream["id"], row["v"])
+
+    harness = ProcessHarness(TableJoin(select=select))
+    harness.batch(sided([], [("a", {"v": 1}), ("b", {"v": 2})]))
+    start = harness.checkpoint()
+    with pytest.raises(RuntimeError, match="no row for boom"):
+        harness.batch(sided([("a", {"id": "S1"}), ("b", {"id": "boom"})], [("b", {"v": 3})]))
+    harness.restore(start)
+    out = harness.batch(sided([("a", {"id": "S2"}), ("b", {"id": "S3"})], []))
+    assert out.emitted == (("S2", 1), ("S3", 2))
+    assert out.keys_batched == 2

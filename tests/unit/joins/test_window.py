@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import collections
 import copy
+import datetime as dt
 import pickle
+import random
 
 import pytest
 
 from microbatch import windows
 from microbatch.errors import ConfigError
 from microbatch.joins import WindowJoin
+from microbatch.runtime.process import KeyedProcessFunction, Sided
 from microbatch.testing import ProcessHarness, sided
 from microbatch.windows import Hopping, Session, Tumbling
 from tests.unit.joins.streams import (
@@ -217,11 +220,8 @@ def test_a_window_closing_in_its_batch_is_emitted_by_process_without_a_timer():
 
 
 def test_a_batch_that_failed_leaves_nothing_for_a_later_one():
-    failed: list[str] = []
-
     def select(left, right):
-        if left["id"] == "boom" and not failed:
-            failed.append(left["id"])
+        if left["id"] == "boom":
             raise RuntimeError("select failed once")
         return (left["id"], right["id"])
 
@@ -271,3 +271,67 @@ def test_a_closing_window_takes_its_earlier_records_from_state_and_deletes_their
     assert out.emitted == (("J0", "R1"),)
     assert out.timers_fired == 0  # both windows' timers deleted by process
     assert harness.keys_with_state() == []
+
+
+def _mixed_batches(seed: int) -> tuple[list[list[tuple[str, Sided]]], list[int | None]]:
+    """Many keys, out of order, some records late, sides interleaved as a source order
+    interleaves them; a few times an ISO-8601 string or missing (read per record)."""
+    rng = random.Random(seed)
+    keys = [f"k{i:03}" for i in range(100)]
+    arrived = arrival_order(events(seed, 600, keys, span=3_000), seed, 100, late_share=0.1)
+    batches = [*split(arrived, seed, 6), []]
+    watermarks = [*lagging_watermarks(batches[:-1], lateness=50), FLUSH]
+    fed = []
+    for batch in batches:
+        pairs = []
+        for e in batch:
+            record = dict(e.record)
+            roll = rng.random()
+            if roll < 0.02:
+                record["ts"] = dt.datetime.fromtimestamp(e.t / 1000, dt.UTC).isoformat()
+            elif roll < 0.03:
+                del record["ts"]
+            pairs.append((e.key, Sided(e.side, record)))
+        fed.append(pairs)
+    return fed, watermarks
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("seed", [4, 5])
+def test_keys_joined_at_once_give_exactly_what_process_gives_key_by_key(spec, seed, monkeypatch):
+    fed, watermarks = _mixed_batches(seed)
+
+    def run_all(harness):
+        out = []
+        for j, (pairs, w) in enumerate(zip(fed, watermarks, strict=True)):
+            harness.rescale((2, 3, 1)[j % 3])
+            out.append(harness.batch(pairs, watermark=w))
+        return out, {k: harness.state(k) for k in harness.keys_with_state()}
+
+    at_once, state = run_all(ProcessHarness(WindowJoin("ts", "ts", spec), max_parallelism=16))
+    monkeypatch.setattr(WindowJoin, "process_batch", KeyedProcessFunction.process_batch)
+    by_key, want_state = run_all(ProcessHarness(WindowJoin("ts", "ts", spec), max_parallelism=16))
+
+    assert [r.emitted for r in at_once] == [r.emitted for r in by_key]  # in the same order
+    assert [r.dead_letters for r in at_once] == [r.dead_letters for r in by_key]
+    assert [r.timers_fired for r in at_once] == [r.timers_fired for r in by_key]
+    assert state == want_state
+    assert sum(r.keys_batched for r in by_key) == 0
+    batched = sum(r.keys_batched for r in at_once)
+    assert batched > 25, f"only {batched} keys were joined at once"
+    assert any(d.reason == "late_join" for r in at_once for d in r.dead_letters)
+    assert any(d.reason == "missing_event_time" for r in at_once for d in r.dead_letters)
+
+
+def test_a_key_whose_select_raises_is_left_to_process_which_fails_as_before():
+    def select(left, right):
+        if left["id"] == "boom":
+            raise RuntimeError("no pair for boom")
+        return (left["id"], right["id"])
+
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=select))
+    ok = harness.batch(sided([rec("a", 10, "L")], [rec("a", 20, "R")]), watermark=300)
+    assert ok.emitted == (("L", "R"),)
+    assert ok.keys_batched == 1
+    with pytest.raises(RuntimeError, match="no pair for boom"):
+        harness.batch(sided([rec("b", 310, "boom")], [rec("b", 320, "R")]), watermark=500)

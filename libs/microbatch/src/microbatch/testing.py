@@ -34,6 +34,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from microbatch.keygroups import (
     Key,
     check_parallelism,
@@ -43,9 +45,15 @@ from microbatch.keygroups import (
     key_group_range,
     operator_index,
 )
-from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
+from microbatch.runtime.process import (
+    Handled,
+    KeyedBatch,
+    KeyedProcessFunction,
+    ProcessContext,
+    Sided,
+)
 from microbatch.state.backend import KeyedStateBackend, Rows
-from microbatch.state.handles import KeyContext
+from microbatch.state.handles import KeyContext, KeyedValues
 
 Records = Mapping[Key, Sequence[Any]] | Iterable[tuple[Key, Any]]
 
@@ -73,6 +81,8 @@ class BatchResult:
     #: The batch's watermark (what ``ctx.watermark`` was; timers fired up to it).
     watermark: int | None
     timers_fired: int
+    #: Keys the function's ``process_batch`` processed (no ``process`` call of theirs).
+    keys_batched: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +142,7 @@ class ProcessHarness:
         emitted: list[Any] = []
         side: dict[str, list[Any]] = {}
         dead: list[DeadLetter] = []
-        fired = 0
+        fired = batched = 0
         rows: dict[int, Rows] = {}
 
         def collect(ctx: ProcessContext) -> None:
@@ -147,8 +157,16 @@ class ProcessHarness:
 
         for instance in range(self.parallelism):
             backend = self._backend(instance, now)
-            for key_bytes in sorted(kb for kb in by_key if by_key[kb][1] in backend.key_groups):
+            own = sorted(kb for kb in by_key if by_key[kb][1] in backend.key_groups)
+            handled = self._process_batch(
+                own, [by_key[kb][2] for kb in own], backend, before, after
+            )
+            for k, key_bytes in enumerate(own):
                 key, _, records_of_key = by_key[key_bytes]
+                if handled is not None and handled.keys[k]:
+                    emitted.extend(handled.emitted.get(k, ()))
+                    batched += 1
+                    continue
                 ctx = context(backend.for_key(key))
                 self.fn.process(key, records_of_key, ctx)
                 collect(ctx)
@@ -175,7 +193,32 @@ class ProcessHarness:
             tuple(dead),
             after,
             fired,
+            batched,
         )
+
+    def _process_batch(
+        self, own: list[bytes], by_key: list[Sequence[Any]], backend: KeyedStateBackend,
+        before: int | None, after: int | None,
+    ) -> Handled | None:  # fmt: skip
+        """What the function's ``process_batch`` does with one instance's keys (``own``,
+        in key order; ``by_key``: their records), as stage 2 calls it."""
+        if type(self.fn).process_batch is KeyedProcessFunction.process_batch or not by_key:
+            return None
+        records = [r for rs in by_key for r in rs]
+        sided_ = all(isinstance(r, Sided) for r in records)
+        sides = np.array([r.side for r in records], np.int8) if sided_ else None
+        waiting = backend.timers.keys()
+        batch = KeyedBatch(
+            [r.record for r in records] if sided_ else records,
+            np.cumsum([0, *map(len, by_key)], dtype=np.int64), sides,
+            np.array([key_bytes in waiting for key_bytes in own], dtype=bool),
+            after, before,
+            lambda name, ttl: KeyedValues(
+                backend, backend.declare(name, "value", ttl),
+                [key_group_of_bytes(kb, self.max_parallelism) for kb in own], own,
+            ),
+        )  # fmt: skip
+        return self.fn.process_batch(batch)
 
     def _backend(self, instance: int, now_ms: int) -> KeyedStateBackend:
         """A fresh backend of ``instance`` loaded from the last checkpoint's rows."""

@@ -28,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from microbatch.errors import ConfigError
 from microbatch.joins.base import RIGHT, JoinFunction, check_how
 from microbatch.joins.select import Select, check_select
-from microbatch.runtime.process import ProcessContext
+from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 
 HOWS = ("inner", "left")
 STATE = "table"
@@ -68,6 +70,53 @@ class TableJoin(JoinFunction):
 
     def is_tombstone(self, record: Any) -> bool:
         return record is None or (self.tombstone is not None and bool(self.tombstone(record)))
+
+    def process_batch(self, batch: KeyedBatch) -> Handled | None:
+        """Every key at once: its last table record of the batch becomes its value (or
+        deletes it), written for all keys in one go; its stream records are joined with
+        the value. A key whose ``select`` or ``tombstone`` raises is left to ``process``
+        (its state untouched here), which fails or dead-letters it as it does."""
+        sides = batch.sides
+        if sides is None or not len(batch.records) or sides.max() > 1:
+            return None  # (a record of a third input: process() refuses it)
+        records, count = batch.records, batch.key_count
+        key_of = np.repeat(np.arange(count), np.diff(batch.bounds))
+        changes = np.nonzero(sides == RIGHT)[0]  # the table's records, in order
+        changed = key_of[changes]
+        last = np.ones(len(changes), dtype=bool)
+        last[:-1] = changed[1:] != changed[:-1]  # each key's last change decides
+        updates = dict(zip(changed[last].tolist(), changes[last].tolist(), strict=True))
+        streams = np.nonzero(sides != RIGHT)[0]
+        state, select, left = batch.value(STATE), self.select, self.how == "left"
+        values: dict[int, Any] = {}
+        failed: set[int] = set()
+        for k, at in updates.items():
+            try:
+                values[k] = None if self.is_tombstone(records[at]) else records[at]
+            except Exception:  # process() calls it again and fails or dead-letters
+                failed.add(k)
+        emitted: dict[int, list[Any]] = {}
+        for k, at in zip(key_of[streams].tolist(), streams.tolist(), strict=True):
+            if k in failed:
+                continue
+            value = values[k] if k in updates else state.get(k)
+            if value is None and not left:
+                continue
+            try:
+                out = select(records[at], value)
+            except Exception:
+                failed.add(k)
+                emitted.pop(k, None)
+                continue
+            emitted.setdefault(k, []).append(out)
+        kept = [(k, v) for k, v in values.items() if k not in failed]
+        state.set_many([k for k, v in kept if v is not None], [v for _, v in kept if v is not None])
+        for k, v in kept:
+            if v is None:
+                state.clear(k)
+        handled = np.ones(count, dtype=bool)
+        handled[list(failed)] = False
+        return Handled(handled, emitted)
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         stream, table = self.split(records)

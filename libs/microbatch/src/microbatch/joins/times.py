@@ -14,8 +14,10 @@ what :func:`~microbatch.windows.spec.duration_ms` does, plus a sign (``"-10m"``,
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from microbatch.errors import ConfigError
 from microbatch.runtime.decoding import MAX_EPOCH_MS, MIN_EPOCH_MS, event_time_ms
@@ -73,6 +75,29 @@ class EventTimeOf:
             return to_epoch_ms(raw)
         except (ValueError, TypeError, OverflowError) as e:
             raise RecordTimeError("bad_event_time", f"{self._label}: {e}") from e
+
+    def plain(self, records: Sequence[Any]) -> np.ndarray:
+        """Each record's time where it is plain epoch ms (an int in range, as most are);
+        :data:`UNREADABLE` elsewhere — a missing field, a string, a float, a function that
+        raises — for :meth:`__call__` to read or refuse one record at a time."""
+        spec, low, high = self.spec, MIN_EPOCH_MS, MAX_EPOCH_MS
+        if isinstance(spec, str):
+            raw = [r.get(spec) if type(r) is dict else None for r in records]
+        else:
+            raw = [_called(spec, r) for r in records]
+        plain = [x if type(x) is int and low <= x <= high else UNREADABLE for x in raw]
+        return np.array(plain, dtype=np.int64)
+
+
+def _called(fn: Callable[[Any], Any], record: Any) -> Any:
+    try:
+        return fn(record)
+    except Exception:  # read again, one record at a time, to dead-letter it
+        return None
+
+
+#: What :meth:`EventTimeOf.plain` gives for a time it leaves to the per-record reading.
+UNREADABLE = -(2**63)
 
 
 def signed_duration_ms(what: str, value: Duration) -> int:

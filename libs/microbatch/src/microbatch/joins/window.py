@@ -20,6 +20,12 @@ nothing held. Most of a batch's windows are such when a batch spans many of them
 Output: ``select(left, right)`` (default :func:`~microbatch.joins.select.merge`); when it
 is a dict, ``window_start`` and ``window_end`` (epoch ms) are set on a copy of it.
 
+**A batch at once.** Before any ``process`` call, :meth:`WindowJoin.process_batch`
+takes the keys whose every window closes in the batch, with no timer (nothing waiting in
+state) and no record late or with a time that is not plain epoch ms: numpy places their
+records in windows, and only the windows with both sides are read and paired, in the
+order ``process`` gives. The other keys get ``process``.
+
 **Late records.** A record is assigned only to its windows that were still open when its
 batch started (``end > watermark``); a record whose every window had closed is a dead
 letter ``late_join``. With no record behind the watermark, the pairs do not depend on how
@@ -33,12 +39,14 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from microbatch.errors import ConfigError
 from microbatch.joins.base import LATE, SIDES, JoinFunction
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.select import Select, check_select
-from microbatch.joins.times import EventTimeOf, TimeSpec
-from microbatch.runtime.process import ProcessContext
+from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
+from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 from microbatch.windows.api import WindowBuilder
 from microbatch.windows.spec import Duration, Hopping, Tumbling
 
@@ -117,6 +125,89 @@ class WindowJoin(JoinFunction):
                     earlier = state.get(s, []) if s in waiting else []
                     state.put(s, earlier + added[side][s])
             ctx.register_timer(end)
+
+    def process_batch(self, batch: KeyedBatch) -> Handled | None:
+        """The keys whose every window closes in this batch, with nothing waiting for them
+        in state and no record late or with a time that is not plain epoch ms: their pairs
+        at once. Records are placed in windows with numpy; only the records of windows
+        with both sides are read, so a key whose windows have one side costs nothing
+        (most of a batch's keys, Nexmark q8). The other keys get ``process``."""
+        closes_by, before, sides = batch.watermark, batch.watermark_before, batch.sides
+        if closes_by is None or sides is None or not len(batch.records) or sides.max() > 1:
+            return None  # (a record of a third input: process() refuses it)
+        records, bounds, size = batch.records, batch.bounds, self.window.size_ms
+        key_of = np.repeat(np.arange(batch.key_count), np.diff(bounds))
+        times = np.empty(len(records), dtype=np.int64)
+        for side, time_of in enumerate((self.left_time, self.right_time)):
+            at = np.nonzero(sides == side)[0]
+            times[at] = time_of.plain([records[i] for i in at.tolist()])
+        unreadable = times == UNREADABLE
+        rec, start = self._windows_of(np.where(unreadable, 0, times))
+        end = start + size
+        passed = (end > closes_by) if before is None else (end > closes_by) | (end <= before)
+        # a key with a window still open after the batch or closed before it goes per key
+        skip = batch.timed.copy()
+        skip[key_of[unreadable]] = True
+        skip[key_of[rec[passed]]] = True
+        keep = ~skip[key_of[rec]]
+        rec, start = rec[keep], start[keep]
+        key, side = key_of[rec], sides[rec]
+        order = np.lexsort((rec, times[rec], side, start, key))
+        rec, start, key, side = rec[order], start[order], key[order], side[order]
+        emitted, failed = self._pairs(records, rec, start, key, side)
+        handled = ~skip
+        handled[list(failed)] = False
+        return Handled(handled, emitted)
+
+    def _windows_of(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(record, window start) of every window of each record, ascending per record
+        (as :func:`window_starts`)."""
+        spec = self.window
+        size = spec.size_ms
+        every = spec.every_ms if isinstance(spec, Hopping) else size
+        latest = times - times % every
+        back = np.arange(-(-size // every) - 1, -1, -1, dtype=np.int64) * every
+        starts = latest[:, None] - back[None, :]
+        rec, hop = np.nonzero(starts > (times - size)[:, None])
+        return rec, starts[rec, hop]
+
+    def _pairs(
+        self, records: Sequence[Any], rec: np.ndarray, start: np.ndarray, key: np.ndarray,
+        side: np.ndarray,
+    ) -> tuple[dict[int, list[Any]], set[int]]:  # fmt: skip
+        """The pairs of each (key, window) group with both sides, in ``process``'s order
+        (entries sorted by key, window, side, time, position); keys whose ``select``
+        raised are left out, for ``process`` to fail or dead-letter as it does."""
+        emitted: dict[int, list[Any]] = {}
+        failed: set[int] = set()
+        if not len(rec):
+            return emitted, failed
+        new = np.ones(len(rec), dtype=bool)
+        new[1:] = (key[1:] != key[:-1]) | (start[1:] != start[:-1])
+        first = np.nonzero(new)[0]
+        last = np.append(first[1:], len(rec))
+        lefts = np.add.reduceat((side == 0).astype(np.int64), first)
+        both = np.nonzero((lefts > 0) & (lefts < last - first))[0]
+        select, size, positions = self.select, self.window.size_ms, rec.tolist()
+        for a, m, b, k, s in zip(
+            first[both].tolist(), (first[both] + lefts[both]).tolist(), last[both].tolist(),
+            key[first[both]].tolist(), start[first[both]].tolist(), strict=True,
+        ):  # fmt: skip
+            if k in failed:
+                continue
+            rows, rights = emitted.setdefault(k, []), [records[i] for i in positions[m:b]]
+            try:
+                for i in positions[a:m]:
+                    left = records[i]
+                    for right in rights:
+                        out = select(left, right)
+                        if isinstance(out, dict):
+                            out = {**out, "window_start": s, "window_end": s + size}
+                        rows.append(out)
+            except Exception:  # process() calls it again and fails or dead-letters
+                failed.add(k)
+                del emitted[k]
+        return emitted, failed
 
     def _assign(
         self, ctx: ProcessContext, side: int, records: list[Any], before: int | None

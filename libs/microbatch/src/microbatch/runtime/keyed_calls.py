@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,7 +24,7 @@ from microbatch.errors import ProcessError, error_text
 from microbatch.keygroups import decode_key
 from microbatch.runtime.envelope import DEAD_LETTER, DeadLetterDetail
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
+from microbatch.runtime.process import Handled, KeyedProcessFunction, ProcessContext, Sided
 from microbatch.runtime.router import Router
 from microbatch.runtime.sorted_records import in_source_order
 from microbatch.state import KeyedStateBackend
@@ -99,12 +100,29 @@ class KeyCalls:
         key_groups: Sequence[int],
         records_of: Callable[[int, int], Sequence[Any]],
         source: Callable[[int], dict[str, Any]],
+        handled: Handled | None = None,
     ) -> None:
         """``process(key, records)`` per key: ``runs[k]`` are the positions of key
         ``keys[k]``'s records in processing order (``records_of``), ``source`` the
-        coordinates of the record at a position (for errors)."""
+        coordinates of the record at a position (for errors). A key in ``handled`` (the
+        function's ``process_batch`` did it) gets no call: its output takes its place."""
         backend, process_fn = self.backend, self.process_fn
-        for (i, j), key_bytes, kg in zip(runs, keys, key_groups, strict=False):
+        visit: Iterable[int] = range(len(runs))
+        emitted: dict[int, list[Any]] = {}
+        if handled is not None:  # only the keys left to process and those with output
+            flags = handled.keys.tolist()
+            emitted = {k: rows for k, rows in handled.emitted.items() if flags[k]}
+            left = np.nonzero(~handled.keys)[0].tolist()
+            visit = sorted([*left, *emitted]) if emitted else left
+            done = int(handled.keys.sum())
+            self.stats["keys"] += done
+            self.stats["keys_batched"] += done
+        for k in visit:
+            (i, j), key_bytes, kg = runs[k], keys[k], key_groups[k]
+            rows = emitted.get(k)
+            if rows is not None:
+                self.router.emit([(None, row) for row in rows], kg)
+                continue
             records = records_of(i, j)
             key = decode_key(key_bytes)
             backup = KeyBackup(backend, kg, key_bytes) if self.undo else None

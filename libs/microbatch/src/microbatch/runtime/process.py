@@ -20,10 +20,13 @@ instance runs every batch, even without input, so timers fire on time.
 from __future__ import annotations
 
 import builtins  # in ProcessContext's body, `list` is its method
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from microbatch.state.handles import KeyContext, ListState, MapState, ValueState
+import numpy as np
+
+from microbatch.state.handles import KeyContext, KeyedValues, ListState, MapState, ValueState
 
 
 class ProcessContext:
@@ -111,6 +114,48 @@ class Sided(NamedTuple):
     record: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyedBatch:
+    """One operator instance's records of a batch, every key at once, for
+    :meth:`KeyedProcessFunction.process_batch`: key ``k`` (in processing order) has the
+    records ``records[bounds[k]:bounds[k + 1]]``."""
+
+    #: Every record in processing order (key by key), without ``Sided`` wrappers.
+    records: Sequence[Any]
+    #: ``len(keys) + 1`` positions into ``records``.
+    bounds: np.ndarray
+    #: The input of each record (a join's: 0 left, 1 right); None for one input.
+    sides: np.ndarray | None
+    #: Per key: does it hold event-time timers? Such a key has state waiting on them.
+    timed: np.ndarray
+    #: The batch's watermark and the one it started with (``ctx.watermark`` and
+    #: ``ctx.watermark_before`` of its calls).
+    watermark: int | None
+    watermark_before: int | None
+    #: ``(name, ttl)`` → that value state of every key of the batch (see :meth:`value`).
+    values_of: Callable[[str, float | None], KeyedValues] | None = None
+
+    @property
+    def key_count(self) -> int:
+        return len(self.bounds) - 1
+
+    def value(self, name: str, ttl: float | None = None) -> KeyedValues:
+        """Value state ``name`` of the batch's keys, by their place: what ``ctx.value``
+        gives each key's call."""
+        if self.values_of is None:
+            raise NotImplementedError("this runtime gives process_batch no state")
+        return self.values_of(name, ttl)
+
+
+@dataclasses.dataclass(frozen=True)
+class Handled:
+    """What :meth:`KeyedProcessFunction.process_batch` did: ``keys[k]`` is true for each
+    key it processed; ``emitted[k]``, that key's main-output records (absent: none)."""
+
+    keys: np.ndarray
+    emitted: dict[int, builtins.list[Any]]
+
+
 class KeyedProcessFunction:
     """Base class of keyed processing; override ``process`` and maybe ``on_timer``."""
 
@@ -121,6 +166,17 @@ class KeyedProcessFunction:
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement process()")
+
+    def process_batch(self, batch: KeyedBatch) -> Handled | None:
+        """Optional: process keys at once — cheaper than a call per key when keys are
+        many and each does little (a window join's windows that close in their own
+        batch, a table join's updates). Called once per instance before any ``process``
+        call; the keys it leaves get their ``process`` call as usual, and each key's
+        output takes its place in key order. For the keys it takes it must do exactly
+        what ``process`` would, and only what this allows: read and write value state
+        (``batch.value(name)``), emit to the main output. A key that would register a
+        timer, dead-letter a record or raise is left to ``process``. Default: none."""
+        return None
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:
         """Called when a timer of ``key`` fires (``ctx.time_domain``: which kind); default:

@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,7 +62,7 @@ from microbatch.runtime.graph import first_uid, sides
 from microbatch.runtime.graph_partials import reduced_partials
 from microbatch.runtime.keyed_calls import DeadLetters, KeyCalls
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.process import KeyedProcessFunction, Sided
+from microbatch.runtime.process import Handled, KeyedBatch, KeyedProcessFunction, Sided
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.sorted_records import SortedRecords, in_source_order, key_runs
@@ -88,6 +89,7 @@ from microbatch.state.engine import (
     state_cache,
     write_batch_run,
 )
+from microbatch.state.handles import KeyedValues
 from microbatch.storage import open_store
 
 if TYPE_CHECKING:
@@ -238,7 +240,8 @@ class StageTwo:
         t_restore = time.perf_counter()
 
         # Step 2: process() per key (or, for windows, the whole batch's columns).
-        records_of = self._records_of(recs)
+        plain_records_of, side_of = self._plain_records_of(recs), self._sides(recs)
+        records_of = sided_records(plain_records_of, side_of)
         calls = KeyCalls(
             self._where(instance), self._step_name, pipeline, self.process_fn, state.backend,
             watermark, watermark_before, self.processing_time_ms, router, dead,
@@ -247,7 +250,11 @@ class StageTwo:
             self._run_columnar(table, recs, records_of, state.backend, watermark_before,
                                watermark, router, dead, reduced)  # fmt: skip
         else:
-            calls.process_keys(runs, keys, key_groups, records_of, recs.source)
+            handled = self._process_batch(
+                runs, recs, firsts, keys, key_groups, plain_records_of, side_of,
+                state.backend, watermark, watermark_before,
+            )  # fmt: skip
+            calls.process_keys(runs, keys, key_groups, records_of, recs.source, handled)
 
         # Step 3: timers, event time first.
         calls.fire_timers()
@@ -350,23 +357,46 @@ class StageTwo:
         stats["state_bytes_fetched"] = restored["bytes"]
         return restored
 
-    def _records_of(self, recs: SortedRecords) -> Callable[[int, int], Any]:
-        """The records at positions ``[i, j)`` of the processing order: with the side
-        each came in on, for a join."""
-        pipeline = self.pipeline
+    def _plain_records_of(self, recs: SortedRecords) -> Callable[[int, int], Any]:
+        """The records at positions ``[i, j)`` of the processing order."""
         if self.step is None:
-            records_of = batch_records(pipeline, recs)
-        else:  # records handed on by the step before: always payloads
-            records_of = PayloadRuns(recs.column("payload").to_pylist(), decode_payloads)
+            return batch_records(self.pipeline, recs)
+        # records handed on by the step before: always payloads
+        return PayloadRuns(recs.column("payload").to_pylist(), decode_payloads)
+
+    def _sides(self, recs: SortedRecords) -> list[int] | None:
+        """The input side of each record in processing order (a join's); else None."""
+        pipeline = self.pipeline
         side_of = sides(pipeline, self.step if self.step is not None else first_uid(pipeline))
-        if side_of is None:
-            return records_of
-        record_sides, plain_records = recs.sides(side_of), records_of
+        return None if side_of is None else recs.sides(side_of)
 
-        def sided(i: int, j: int) -> list[Sided]:
-            return list(map(Sided, record_sides[i:j], plain_records(i, j)))
-
-        return sided
+    def _process_batch(
+        self, runs: list[tuple[int, int]], recs: SortedRecords, firsts: pa.Array,
+        keys: list[bytes], key_groups: list[int], records_of: Callable[[int, int], Any],
+        side_of: list[int] | None, backend: KeyedStateBackend, watermark: int | None,
+        watermark_before: int | None,
+    ) -> Handled | None:  # fmt: skip
+        """The keys the step's function processes at once (``process_batch``), if it
+        does: every record of the instance decoded, each key's timers looked up once."""
+        fn = self.process_fn
+        if type(fn).process_batch is KeyedProcessFunction.process_batch or not runs:
+            return None
+        bounds = np.array([i for i, _ in runs] + [runs[-1][1]], dtype=np.int64)
+        waiting = backend.timers.keys()
+        timed = np.zeros(len(runs), dtype=bool)
+        if waiting:
+            distinct = recs.column("key").take(firsts)
+            value_set = pa.array(list(waiting), distinct.type)
+            timed = pc.is_in(distinct, value_set=value_set).to_numpy(zero_copy_only=False)
+        batch = KeyedBatch(
+            records_of(0, recs.num_rows), bounds,
+            None if side_of is None else np.asarray(side_of, dtype=np.int8), timed,
+            watermark, watermark_before,
+            lambda name, ttl: KeyedValues(
+                backend, backend.declare(name, "value", ttl), key_groups, keys
+            ),
+        )  # fmt: skip
+        return fn.process_batch(batch)
 
     def _run_columnar(
         self, table: pa.Table, recs: SortedRecords, records_of: Any, backend: KeyedStateBackend,
@@ -414,6 +444,20 @@ class StageTwo:
                 by_group.setdefault(kg, []).append((None, row))
         for kg, run in by_group.items():
             router.emit(run, kg)
+
+
+def sided_records(
+    records_of: Callable[[int, int], Any], side_of: list[int] | None
+) -> Callable[[int, int], Any]:
+    """``records_of`` with each record wrapped as :class:`Sided` when ``side_of`` gives
+    its input (a join's records)."""
+    if side_of is None:
+        return records_of
+
+    def sided(i: int, j: int) -> list[Sided]:
+        return list(map(Sided, side_of[i:j], records_of(i, j)))
+
+    return sided
 
 
 def with_task_attempt(attempt: str) -> str:

@@ -13,10 +13,10 @@ checkpoint. List TTL is per element, map TTL per entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from microbatch.state.codec import decode_value, encode_canonical, encode_value
+from microbatch.state.codec import decode_value, encode_canonical, encode_value, encode_values
 from microbatch.state.spec import Kind, StateSpec
 from microbatch.state.timers import TimerQueue
 
@@ -184,6 +184,43 @@ class MapState(_Handle):
         table = self._table()
         if table and table.pop(self._ctx.key_bytes, None) is not None:
             self._touch(None)
+
+
+class KeyedValues:
+    """One value state of many keys at once — a batch's keys, ``k`` their place in it
+    (key-group ``key_groups[k]``, bytes ``key_bytes[k]``): what a function's
+    ``process_batch`` reads and writes instead of a :class:`ValueState` per key, with the
+    same encoding, TTL and bookkeeping."""
+
+    def __init__(
+        self, backend: StateTables, spec: StateSpec, key_groups: Sequence[int],
+        key_bytes: Sequence[bytes],
+    ) -> None:  # fmt: skip
+        self._backend, self._spec = backend, spec
+        self._groups, self._bytes = key_groups, key_bytes
+
+    def get(self, k: int, default: Any = None) -> Any:
+        table = self._backend.table(self._groups[k], self._spec.name)
+        entry = table.get(self._bytes[k]) if table else None
+        if entry is None or not (entry[1] is None or entry[1] > self._backend.now_ms()):
+            return default
+        return decode_value(entry[0])
+
+    def set_many(self, keys: Sequence[int], values: Sequence[Any]) -> None:
+        """``set`` of ``values[i]`` for key ``keys[i]``, encoded in one go."""
+        backend, name = self._backend, self._spec.name
+        expires = backend.expiry_for(self._spec)
+        for k, data in zip(keys, encode_values(values), strict=True):
+            kg, kb = self._groups[k], self._bytes[k]
+            table = backend.table(kg, name, create=True)
+            table[kb] = (data, expires)  # type: ignore[index]  # created
+            backend.touch(kg, kb, expires)
+
+    def clear(self, k: int) -> None:
+        kg, kb = self._groups[k], self._bytes[k]
+        table = self._backend.table(kg, self._spec.name)
+        if table and table.pop(kb, None) is not None:
+            self._backend.touch(kg, kb, None)
 
 
 class KeyContext:

@@ -64,6 +64,10 @@ class TimerQueue:
             if not stamps:
                 del self._by_key[key_group, key_bytes]
 
+    def keys(self) -> set[bytes]:
+        """The keys (their bytes) with a live timer."""
+        return {key_bytes for _, key_bytes in self._by_key}
+
     def of_key(self, key_group: int, key_bytes: bytes) -> list[int]:
         return sorted(self._by_key.get((key_group, key_bytes), ()))
 

@@ -90,21 +90,26 @@ def load_keys(
     loaded: Loaded,
 ) -> None:
     """Bring the state of ``keys`` (canonical key bytes of this instance's key-groups)
-    into ``backend``; keys already loaded are skipped."""
-    wanted = {}
-    for kb in keys:
-        kg = key_group_of_bytes(kb, backend.max_parallelism)
-        if (kg, kb) not in loaded.timers:
-            wanted[state_key(kg, kb)] = (kg, kb)
+    into ``backend``; keys already loaded are skipped. A key found in no run has no state
+    and no timers: it is only marked loaded (a first batch's keys, most keys of a join)."""
+    maxp, known = backend.max_parallelism, loaded.timers
+    new = [pair for kb in keys if (pair := (key_group_of_bytes(kb, maxp), kb)) not in known]
+    known.update(dict.fromkeys(new, NO_STAMPS))
+    loaded.processing_timers.update(dict.fromkeys(new, NO_STAMPS))
+    if not runs:
+        return
+    wanted = {state_key(kg, kb): (kg, kb) for kg, kb in new}
     found = lookup(cache, runs, wanted)
-    for sort_key, (kg, kb) in sorted(wanted.items()):
-        value = found.get(sort_key)
-        if value is not None:
-            rows = decode_bundle(value, f"run entry of key {kb!r} (key-group {kg})")
-            backend.import_key(kg, kb, rows)
-            loaded.keys_found += 1
-            loaded.found.add((kg, kb))
-        loaded.timers[kg, kb] = backend.timers.stamps(kg, kb)
+    for sort_key in sorted(found):
+        value = found[sort_key]
+        if value is None:  # deleted
+            continue
+        kg, kb = wanted[sort_key]
+        rows = decode_bundle(value, f"run entry of key {kb!r} (key-group {kg})")
+        backend.import_key(kg, kb, rows)
+        loaded.keys_found += 1
+        loaded.found.add((kg, kb))
+        known[kg, kb] = backend.timers.stamps(kg, kb)
         loaded.processing_timers[kg, kb] = backend.processing_timers.stamps(kg, kb)
 
 
