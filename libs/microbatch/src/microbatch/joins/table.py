@@ -19,6 +19,10 @@ batches it is the KTable rule: the value left by every earlier batch. Table reco
 never late (a changelog's latest value is the latest whatever its timestamp), and no
 event time is read.
 
+**A batch at once.** :meth:`TableJoin.process_batch` does this for every key of a
+batch before any ``process`` call (values encoded and written in one go); a key whose
+``select`` or ``tombstone`` raises is left to ``process``.
+
 ``how="inner"``: a stream record with no value for its key emits nothing. ``"left"``: it
 is emitted with the right side ``None``.
 """
