@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from microbatch.runtime import DeadLetterSink, EventTime, KafkaSource, Pipeline
 from microbatch.runtime.columnar import LazyRecords
@@ -242,3 +243,23 @@ def test_row_dicts_build_ahead_only_while_keys_are_read_one_after_another() -> N
     for i in range(0, 100_000, 5_000):  # a key here and there
         assert sparse.between(i, i + 3) == [{"n": i}, {"n": i + 1}, {"n": i + 2}]
         assert len(sparse._built) == RowDicts.LEAST  # its rows and a few after
+
+
+@pytest.mark.parametrize(
+    "key_type", [pa.int64(), pa.int32(), pa.uint64()], ids=["int64", "int32", "uint64"]
+)
+def test_known_int_keys_encoded_at_once_equal_each_key_encoded_alone(key_type) -> None:
+    """New int keys are encoded and hashed as a column (uint64 past 2**62: one by one)."""
+    from microbatch.keygroups import encode_key, key_group_of_bytes
+    from microbatch.runtime.columnar import KnownKeys
+
+    big = 2**63 + 5 if key_type == pa.uint64() else 2**31 - 1
+    low = 0 if key_type == pa.uint64() else -(2**31)
+    known = KnownKeys(max_parallelism=128)
+    batches = [[1, 300, 70_000], [300, big, 2, low], [2, 1, 9, big, 65_536]]
+    for keys in batches:
+        kbs, kgs = known.lookup(pa.array(keys, key_type))
+
+        expected = [encode_key(k) for k in keys]
+        assert kbs.to_pylist() == expected, keys
+        assert kgs.tolist() == [key_group_of_bytes(kb, 128) for kb in expected], keys

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import ProcessError
+from microbatch.keygroup_columns import int_key_groups
 from microbatch.keygroups import encode_key, key_group_of_bytes
 from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.columns import ColumnStep, ColumnStepFailed, run_columns
@@ -246,18 +247,32 @@ class KnownKeys:
             self.key_bytes, self.key_groups = pa.array([], pa.binary()), np.zeros(0, np.int64)
         at = pc.index_in(distinct, value_set=self.keys)
         new = at.is_null()
-        if new.true_count:
+        positions = np.array(at.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        if new.true_count:  # remembered after the known ones, in their order
+            fresh = positions < 0
+            positions[fresh] = len(self.keys) + np.arange(int(fresh.sum()))
             self._remember(distinct.filter(new))
-            at = pc.index_in(distinct, value_set=self.keys)
-        positions = at.to_numpy(zero_copy_only=False)
-        return self.key_bytes.take(at), self.key_groups[positions]
+        return self.key_bytes.take(pa.array(positions)), self.key_groups[positions]
 
     def _remember(self, keys: pa.Array) -> None:
-        encoded = [encode_key(k) for k in keys.to_pylist()]
-        groups = [key_group_of_bytes(kb, self.max_parallelism) for kb in encoded]
+        key_bytes, groups = self._encoded(keys)
         self.keys = pa.concat_arrays([cast(pa.Array, self.keys), keys])
-        self.key_bytes = pa.concat_arrays([self.key_bytes, pa.array(encoded, pa.binary())])
-        self.key_groups = np.concatenate([self.key_groups, np.array(groups, dtype=np.int64)])
+        self.key_bytes = pa.concat_arrays([self.key_bytes, key_bytes])
+        self.key_groups = np.concatenate([self.key_groups, groups])
+
+    def _encoded(self, keys: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        """Key bytes and key-groups of ``keys``: int keys all at once (numpy), the others
+        (and ints beyond ±2**62) one by one."""
+        maxp = self.max_parallelism
+        if pa.types.is_integer(keys.type):
+            try:
+                values = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
+                return int_key_groups(values, maxp)
+            except (pa.ArrowInvalid, ValueError):
+                pass
+        encoded = [encode_key(k) for k in keys.to_pylist()]
+        groups = [key_group_of_bytes(kb, maxp) for kb in encoded]
+        return pa.array(encoded, pa.binary()), np.array(groups, dtype=np.int64)
 
 
 def event_times_of(
