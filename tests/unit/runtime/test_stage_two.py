@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from types import SimpleNamespace
 
@@ -196,3 +197,38 @@ def test_a_window_over_payloads_whose_records_all_lack_its_field_sums_to_null(tm
     assert result.counters["windows_emitted"] == 1, result.counters
     rows = decode_payloads(router.record_rows().column("payload").to_pylist())
     assert rows == [{"key": "a", "window_start": 0, "window_end": 60_000, "sum_amount": None}]
+
+
+class BrokenBatch(KeyedProcessFunction):
+    """A function whose own ``process_batch`` has a bug."""
+
+    def process_batch(self, batch):
+        raise KeyError("oops")
+
+    def process(self, key, records, ctx) -> None:
+        pass
+
+
+def test_a_process_batch_that_raises_fails_the_batch_naming_where(tmp_path) -> None:
+    from microbatch.errors import ProcessError
+    from microbatch.keygroups import encode_key, key_group_of_bytes
+
+    pipe = Pipeline(
+        name="p", source=KafkaSource(topics=("t",)), key_by="user", process=BrokenBatch(),
+        checkpoints=str(tmp_path), max_parallelism=16, parallelism=1,
+    )  # fmt: skip
+    stage = StageTwo(pipe, Settings.from_env(), 7, 1, None, None, 1_000_000)
+    out = EnvelopeBuilder()
+    for off, user in enumerate(["a", "b"]):
+        key = encode_key(user)
+        value = json.dumps({"user": user}).encode()  # the Kafka value, as stage 1 keeps it
+        out.record("t", 0, off, 0, 0, key_group_of_bytes(key, 16), key, None, value)
+    table = pa.Table.from_batches([out.build(Counter({("t", 0): 2}), parallelism=1)])
+
+    with pytest.raises(ProcessError) as failed:
+        stage.run_step(0, table)
+
+    assert str(failed.value).startswith(
+        "pipeline 'p' batch 7 instance 0: process_batch() of BrokenBatch raised over 2 keys: "
+        "KeyError: 'oops'"
+    ), failed.value

@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 
 from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import instance_runs, restore_instance
-from microbatch.errors import CheckpointError
+from microbatch.errors import CheckpointError, ProcessError, error_text
 from microbatch.gcpause import gc_paused
 from microbatch.keygroups import encode_key, key_group_of_bytes, key_group_range
 from microbatch.runtime.column_plan import tap_values
@@ -251,7 +251,7 @@ class StageTwo:
                                watermark, router, dead, reduced)  # fmt: skip
         else:
             handled = self._process_batch(
-                runs, recs, firsts, keys, key_groups, plain_records_of, side_of,
+                instance, runs, recs, firsts, keys, key_groups, plain_records_of, side_of,
                 state.backend, watermark, watermark_before,
             )  # fmt: skip
             calls.process_keys(runs, keys, key_groups, records_of, recs.source, handled)
@@ -371,7 +371,7 @@ class StageTwo:
         return None if side_of is None else recs.sides(side_of)
 
     def _process_batch(
-        self, runs: list[tuple[int, int]], recs: SortedRecords, firsts: pa.Array,
+        self, instance: int, runs: list[tuple[int, int]], recs: SortedRecords, firsts: pa.Array,
         keys: list[bytes], key_groups: list[int], records_of: Callable[[int, int], Any],
         side_of: list[int] | None, backend: KeyedStateBackend, watermark: int | None,
         watermark_before: int | None,
@@ -396,7 +396,14 @@ class StageTwo:
                 backend, backend.declare(name, "value", ttl), key_groups, keys
             ),
         )  # fmt: skip
-        return fn.process_batch(batch)
+        try:
+            return fn.process_batch(batch)
+        except Exception as e:  # a bug of the function's own: the batch fails, retried as is
+            raise ProcessError(
+                f"{self._where(instance)}: process_batch() of {type(fn).__name__} raised "
+                f"over {len(runs)} keys: {error_text(e)}. Fix it (a key it cannot take it "
+                "leaves to process()), or drop process_batch."
+            ) from e
 
     def _run_columnar(
         self, table: pa.Table, recs: SortedRecords, records_of: Any, backend: KeyedStateBackend,
