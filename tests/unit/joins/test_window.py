@@ -219,15 +219,21 @@ def test_a_window_closing_in_its_batch_is_emitted_by_process_without_a_timer():
     assert harness.keys_with_state() == []
 
 
-def test_a_batch_that_failed_leaves_nothing_for_a_later_one():
+def failing_on_boom(message):
+    """A ``select`` of the ids that raises ``message`` for the left record ``boom``."""
+
     def select(left, right):
         if left["id"] == "boom":
-            raise RuntimeError("select failed once")
+            raise RuntimeError(message)
         return (left["id"], right["id"])
 
-    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=select))
+    return select
+
+
+def test_a_batch_that_failed_leaves_nothing_for_a_later_one():
+    harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=failing_on_boom("failed")))
     start = harness.checkpoint()
-    with pytest.raises(RuntimeError, match="select failed once"):
+    with pytest.raises(RuntimeError, match="failed"):
         # a's window [0, 100) is emitted first and fails; b's [100, 200) would come next
         harness.batch(
             sided([rec("a", 10, "boom"), rec("b", 110, "L-gone")],
@@ -324,11 +330,7 @@ def test_keys_joined_at_once_give_exactly_what_process_gives_key_by_key(spec, se
 
 
 def test_a_key_whose_select_raises_is_left_to_process_which_fails_as_before():
-    def select(left, right):
-        if left["id"] == "boom":
-            raise RuntimeError("no pair for boom")
-        return (left["id"], right["id"])
-
+    select = failing_on_boom("no pair for boom")
     harness = ProcessHarness(WindowJoin("ts", "ts", 100, select=select))
     ok = harness.batch(sided([rec("a", 10, "L")], [rec("a", 20, "R")]), watermark=300)
     assert ok.emitted == (("L", "R"),)

@@ -4,9 +4,10 @@
 batch by batch on the in-memory state backend, the way stage 2 of a batch runs it
 (:mod:`microbatch.runtime.stage_two`), per operator instance:
 
-1. ``process(key, records, ctx)`` once for each key with records in the batch, keys in the
-   order of their canonical bytes, each key's records in the order given (the source
-   order);
+1. ``process_batch`` (when the function has one) over the instance's keys at once, then
+   ``process(key, records, ctx)`` once for each key with records in the batch that it
+   left, keys in the order of their canonical bytes, each key's records in the order
+   given (the source order); ``BatchResult.keys_batched`` counts the keys it took;
 2. ``on_timer`` for each event-time timer the batch's watermark reaches, in timestamp
    order (a timer registered meanwhile that is already due fires in the same batch), then
    for each processing-time timer the batch's processing time reaches;

@@ -100,10 +100,11 @@ class TableJoin(JoinFunction):
             except Exception:  # process() calls it again and fails or dead-letters
                 failed.add(k)
         emitted: dict[int, list[Any]] = {}
+        current = dict(values)  # and the stored value of each other key, read once
         for k, at in zip(key_of[streams].tolist(), streams.tolist(), strict=True):
             if k in failed:
                 continue
-            value = values[k] if k in updates else state.get(k)
+            value = current[k] if k in current else current.setdefault(k, state.get(k))
             if value is None and not left:
                 continue
             try:
