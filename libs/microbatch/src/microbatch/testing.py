@@ -52,9 +52,10 @@ from microbatch.runtime.process import (
     KeyedProcessFunction,
     ProcessContext,
     Sided,
+    has_batch_hook,
 )
 from microbatch.state.backend import KeyedStateBackend, Rows
-from microbatch.state.handles import KeyContext, KeyedValues
+from microbatch.state.handles import KeyContext
 
 Records = Mapping[Key, Sequence[Any]] | Iterable[tuple[Key, Any]]
 
@@ -203,21 +204,15 @@ class ProcessHarness:
     ) -> Handled | None:  # fmt: skip
         """What the function's ``process_batch`` does with one instance's keys (``own``,
         in key order; ``by_key``: their records), as stage 2 calls it."""
-        if type(self.fn).process_batch is KeyedProcessFunction.process_batch or not by_key:
+        if not has_batch_hook(self.fn) or not by_key:
             return None
         records = [r for rs in by_key for r in rs]
         sided_ = all(isinstance(r, Sided) for r in records)
-        sides = np.array([r.side for r in records], np.int8) if sided_ else None
-        waiting = backend.timers.keys()
-        batch = KeyedBatch(
+        batch = KeyedBatch.on_backend(
+            backend, [key_group_of_bytes(kb, self.max_parallelism) for kb in own], own,
             [r.record for r in records] if sided_ else records,
-            np.cumsum([0, *map(len, by_key)], dtype=np.int64), sides,
-            np.array([key_bytes in waiting for key_bytes in own], dtype=bool),
-            after, before,
-            lambda name, ttl: KeyedValues(
-                backend, backend.declare(name, "value", ttl),
-                [key_group_of_bytes(kb, self.max_parallelism) for kb in own], own,
-            ),
+            np.cumsum([0, *map(len, by_key)], dtype=np.int64),
+            np.array([r.side for r in records], np.int8) if sided_ else None, after, before,
         )  # fmt: skip
         return self.fn.process_batch(batch)
 

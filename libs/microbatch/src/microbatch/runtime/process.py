@@ -135,6 +135,25 @@ class KeyedBatch:
     #: ``(name, ttl)`` → that value state of every key of the batch (see :meth:`value`).
     values_of: Callable[[str, float | None], KeyedValues] | None = None
 
+    @classmethod
+    def on_backend(
+        cls, backend: Any, key_groups: Sequence[int], key_bytes: Sequence[bytes],
+        records: Sequence[Any], bounds: np.ndarray, sides: np.ndarray | None,
+        watermark: int | None, watermark_before: int | None,
+    ) -> KeyedBatch:  # fmt: skip
+        """The batch of keys ``key_bytes`` (in ``key_groups``) held in ``backend`` (a
+        ``KeyedStateBackend`` with their state loaded): which have timers, and their
+        value states — as stage 2 and the test harness both build it."""
+        waiting = backend.timers.keys()
+        timed = np.zeros(len(key_bytes), dtype=bool)
+        if waiting:
+            timed[:] = [kb in waiting for kb in key_bytes]
+
+        def values_of(name: str, ttl: float | None) -> KeyedValues:
+            return KeyedValues(backend, backend.declare(name, "value", ttl), key_groups, key_bytes)
+
+        return cls(records, bounds, sides, timed, watermark, watermark_before, values_of)
+
     @property
     def key_count(self) -> int:
         return len(self.bounds) - 1
@@ -154,6 +173,11 @@ class Handled:
 
     keys: np.ndarray
     emitted: dict[int, builtins.list[Any]]
+
+
+def has_batch_hook(fn: KeyedProcessFunction) -> bool:
+    """Does ``fn`` override :meth:`KeyedProcessFunction.process_batch`?"""
+    return type(fn).process_batch is not KeyedProcessFunction.process_batch
 
 
 class KeyedProcessFunction:

@@ -62,7 +62,13 @@ from microbatch.runtime.graph import first_uid, sides
 from microbatch.runtime.graph_partials import reduced_partials
 from microbatch.runtime.keyed_calls import DeadLetters, KeyCalls
 from microbatch.runtime.pipeline import Pipeline
-from microbatch.runtime.process import Handled, KeyedBatch, KeyedProcessFunction, Sided
+from microbatch.runtime.process import (
+    Handled,
+    KeyedBatch,
+    KeyedProcessFunction,
+    Sided,
+    has_batch_hook,
+)
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
 from microbatch.runtime.sorted_records import SortedRecords, in_source_order, key_runs
@@ -89,7 +95,6 @@ from microbatch.state.engine import (
     state_cache,
     write_batch_run,
 )
-from microbatch.state.handles import KeyedValues
 from microbatch.storage import open_store
 
 if TYPE_CHECKING:
@@ -251,8 +256,8 @@ class StageTwo:
                                watermark, router, dead, reduced)  # fmt: skip
         else:
             handled = self._process_batch(
-                instance, runs, recs, firsts, keys, key_groups, plain_records_of, side_of,
-                state.backend, watermark, watermark_before,
+                instance, runs, keys, key_groups, plain_records_of, side_of, state.backend,
+                watermark, watermark_before,
             )  # fmt: skip
             calls.process_keys(runs, keys, key_groups, records_of, recs.source, handled)
 
@@ -371,30 +376,20 @@ class StageTwo:
         return None if side_of is None else recs.sides(side_of)
 
     def _process_batch(
-        self, instance: int, runs: list[tuple[int, int]], recs: SortedRecords, firsts: pa.Array,
-        keys: list[bytes], key_groups: list[int], records_of: Callable[[int, int], Any],
-        side_of: list[int] | None, backend: KeyedStateBackend, watermark: int | None,
-        watermark_before: int | None,
+        self, instance: int, runs: list[tuple[int, int]], keys: list[bytes],
+        key_groups: list[int], records_of: Callable[[int, int], Any], side_of: list[int] | None,
+        backend: KeyedStateBackend, watermark: int | None, watermark_before: int | None,
     ) -> Handled | None:  # fmt: skip
         """The keys the step's function processes at once (``process_batch``), if it
-        does: every record of the instance decoded, each key's timers looked up once."""
+        does: every record of the instance decoded."""
         fn = self.process_fn
-        if type(fn).process_batch is KeyedProcessFunction.process_batch or not runs:
+        if not has_batch_hook(fn) or not runs:
             return None
-        bounds = np.array([i for i, _ in runs] + [runs[-1][1]], dtype=np.int64)
-        waiting = backend.timers.keys()
-        timed = np.zeros(len(runs), dtype=bool)
-        if waiting:
-            distinct = recs.column("key").take(firsts)
-            value_set = pa.array(list(waiting), distinct.type)
-            timed = pc.is_in(distinct, value_set=value_set).to_numpy(zero_copy_only=False)
-        batch = KeyedBatch(
-            records_of(0, recs.num_rows), bounds,
-            None if side_of is None else np.asarray(side_of, dtype=np.int8), timed,
+        batch = KeyedBatch.on_backend(
+            backend, key_groups, keys, records_of(0, runs[-1][1]),
+            np.array([i for i, _ in runs] + [runs[-1][1]], dtype=np.int64),
+            None if side_of is None else np.asarray(side_of, dtype=np.int8),
             watermark, watermark_before,
-            lambda name, ttl: KeyedValues(
-                backend, backend.declare(name, "value", ttl), key_groups, keys
-            ),
         )  # fmt: skip
         try:
             return fn.process_batch(batch)

@@ -200,11 +200,7 @@ class KeyedValues:
         self._groups, self._bytes = key_groups, key_bytes
 
     def get(self, k: int, default: Any = None) -> Any:
-        table = self._backend.table(self._groups[k], self._spec.name)
-        entry = table.get(self._bytes[k]) if table else None
-        if entry is None or not (entry[1] is None or entry[1] > self._backend.now_ms()):
-            return default
-        return decode_value(entry[0])
+        return self._one(k).get(default)
 
     def set_many(self, keys: Sequence[int], values: Sequence[Any]) -> None:
         """``set`` of ``values[i]`` for key ``keys[i]``, encoded in one go."""
@@ -217,10 +213,13 @@ class KeyedValues:
             backend.touch(kg, kb, expires)
 
     def clear(self, k: int) -> None:
-        kg, kb = self._groups[k], self._bytes[k]
-        table = self._backend.table(kg, self._spec.name)
-        if table and table.pop(kb, None) is not None:
-            self._backend.touch(kg, kb, None)
+        self._one(k).clear()
+
+    def _one(self, k: int) -> ValueState:
+        """Key ``k``'s handle: reads and deletes go through :class:`ValueState` itself."""
+        return ValueState(
+            KeyContext(self._backend, None, self._bytes[k], self._groups[k]), self._spec
+        )
 
 
 class KeyContext:
