@@ -12,9 +12,9 @@ with a timer that reports its end → and per merchant, count, takings and risky
 
 - **one dataflow** (:mod:`microbatch.dataflow`): enrich → filter → key_by(card) →
   ``windows.hopping(...).sum("risky").final()`` → key_by(key) → ``SpendAlerts``; the
-  filtered payments also → key_by(merchant) → ``MerchantTotals``. One Spark job, two
-  exchanges (windows and merchants share the first; stage 1 sends the windows partials,
-  not payments), one commit;
+  filtered payments also → key_by(merchant) → ``MerchantTotals``. One Spark job, one
+  exchange (windows and merchants share it, the alerts read the windows on their key in
+  the same tasks; stage 1 sends the windows partials, not payments), one commit;
 - **one dataflow, hand-made windows**: the same graph with the per-card windows and alerts
   in one step, ``CardWindows``, as the two pipelines have them: what reading once saves,
   apart from what the window step adds or saves;

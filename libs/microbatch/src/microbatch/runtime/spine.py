@@ -37,7 +37,8 @@ from microbatch.runtime.envelope import (
     TICK,
     ticks,
 )
-from microbatch.runtime.graph import edges_into, first_uid
+from microbatch.runtime.graph import Edge, edges_into, first_uid
+from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
@@ -65,19 +66,35 @@ def spine_frame(rows: Any, stage: StageTwo) -> Any:
 
 def step_levels(stage: StageTwo) -> list[list[StageTwo]]:
     """The stages of the keyed steps, first to last, in levels: a step joins the level
-    before it unless it reads a step of that level. So the steps of a level read nothing
-    of each other, and one exchange brings each instance of all of them its rows."""
+    before it unless it reads a step of that level other than on that step's own key
+    (:func:`keeps_key`). So one exchange brings each instance of all of a level's steps
+    their rows, and a step reading a step of its level finds that step's records for it
+    on the same instance, handed over in the task (:func:`level_instance`)."""
     pipeline = stage.pipeline
     first = first_uid(pipeline)
     levels: list[list[StageTwo]] = []
     for step in step_stages(stage):
         uid = step.step or first
-        reads = {e.origin for e in edges_into(pipeline, uid)}
-        if levels and not reads & {s.step or first for s in levels[-1]}:
-            levels[-1].append(step)
-        else:
-            levels.append([step])
+        if levels:
+            level = {s.step or first: s for s in levels[-1]}
+            into = [(e, level.get(e.origin)) if isinstance(e.origin, str) else (e, None)
+                    for e in edges_into(pipeline, uid)]  # fmt: skip
+            if all(origin is None or keeps_key(e, origin.process_fn) for e, origin in into):
+                levels[-1].append(step)
+                continue
+        levels.append([step])
     return levels
+
+
+def keeps_key(edge: Edge, origin: KeyedProcessFunction) -> bool:
+    """Is ``edge`` keyed by the key of the step it leaves, so that each of its records
+    stays on the instance that made it? So for a window's output keyed by ``"key"`` (its
+    own key, unless an aggregate is named so), with no record-wise step between: Nexmark
+    q8's count per seller into its join on the seller, an aggregate into a second one."""
+    if edge.chain or edge.key_by != "key" or not getattr(origin, "columnar", False):
+        return False
+    operator = getattr(origin, "operator", None)
+    return operator is not None and all(a.name != "key" for a in operator.aggregates)
 
 
 def step_instance(stage: StageTwo) -> Body:
@@ -194,30 +211,61 @@ def level_instance(level: list[StageTwo]) -> Body:
         others = pc.invert(pc.or_(riding, record))  # stat, tick, dead letters, pending...
         takes = [pc.and_(others, pc.invert(dead)), *[shared] * (last - 1), pc.or_(shared, dead)]
         handed: list[pa.Table] = []  # dead letters of the level's steps before the last
+        chained: dict[int, list[pa.Table]] = {}  # records for step j from a step before it
         out: list[pa.Table] = [table.filter(riding)]
         instance = 0
         for i, stage in enumerate(level):
             mine = pc.fill_null(pc.and_(record, pc.is_in(topic, value_set=own_topics[i])), False)
             own = tags.from_wire(full.filter(pc.or_(mine, takes[i])))
-            if i == last and handed:
-                own = pa.concat_tables([own, *handed], promote_options="default")
+            more = chained.pop(i, []) + (handed if i == last else [])
+            if more:
+                own = pa.concat_tables([own, *more], promote_options="default")
             instance = _only_instance(own, stage)
             with gc_paused():
                 result, router = stage.run_step(instance, own)
                 if i < last:
                     handed.append(pa.Table.from_batches([router.dead_letter_rows()]))
-                    forward = router.record_rows()
+                    records = pa.Table.from_batches([router.record_rows()])
+                    forward = _hand_over(records, level, i, instance, chained)
                 else:
-                    forward = None if stage.is_last else router.forward_rows()
+                    last_rows = None if stage.is_last else router.forward_rows()
+                    forward = None if last_rows is None else pa.Table.from_batches([last_rows])
                 del router  # its rows freed while paused (see microbatch.gcpause)
             out.append(pa.Table.from_batches([result_row(stage.step or "", result)]))
             if forward is not None:
-                out.append(pa.Table.from_batches([forward]))
+                out.append(forward)
         yield from out
         if not level[last].is_last and instance == 0:
             yield from _for_every_next_instance(table, level[last], tags)
 
     return _wire_body(_rows_of_level, level[0], tags)
+
+
+def _hand_over(records: pa.Table, level: list[StageTwo], i: int, instance: int,
+               chained: dict[int, list[pa.Table]]) -> pa.Table:  # fmt: skip
+    """Of the records step ``i`` of ``level`` hands on: those for a later step of the
+    level into ``chained`` (it reads them on its key, so they are this instance's);
+    the rest returned, for later levels."""
+    rest = records
+    for j in range(i + 1, len(level)):
+        to_j = pc.ends_with(rest.column("topic"), pattern=f"{FOR}{level[j].step}")
+        if not pc.any(to_j).as_py():
+            continue
+        theirs = rest.filter(to_j)
+        elsewhere = pc.not_equal(theirs.column("instance"), instance)
+        if pc.any(elsewhere).as_py():
+            stage = level[j]
+            raise BatchError(
+                f"pipeline {stage.pipeline.name!r} batch {stage.batch_id} step {stage.step!r}: "
+                f"records keyed by 'key' from step {level[i].step or stage.pipeline.uid!r} "
+                f"went to instance {pc.min(theirs.filter(elsewhere)['instance']).as_py()}, not "
+                f"{instance}: the step's key changed its encoding on the way. Key the step "
+                "by a function instead (key_by(lambda r: r['key'])), which gives it an "
+                "exchange of its own, and report this as a bug."
+            )
+        chained.setdefault(j, []).append(theirs)
+        rest = rest.filter(pc.invert(to_j))
+    return rest
 
 
 def _topics_of(uid: str | None, tags: Tags) -> pa.Array:
