@@ -5,19 +5,40 @@ the step's own exchange gives, through a crash, a replay and a rescale."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
 from microbatch import windows
 from microbatch.dataflow import Dataflow
 from microbatch.errors import BatchError
-from microbatch.runtime import EventTime, KafkaSource, ParquetSink, Pipeline, spine
+from microbatch.joins import WindowJoin
+from microbatch.kafka import TopicPartition
+from microbatch.runtime import (
+    BatchOptions,
+    BatchRunner,
+    DeadLetterSink,
+    EventTime,
+    InjectedCrash,
+    KafkaSource,
+    ParquetSink,
+    Pipeline,
+    spine,
+)
 from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RECORD
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.settings import Settings
+from microbatch.sinks import read_parquet_sink
 from tests.unit.dataflow import test_joins_at_once
 from tests.unit.runtime import test_window_pre_aggregation
+from tests.unit.runtime.test_protocol import Log
 from tests.unit.runtime.test_stage_one import Noop
+from tests.unit.runtime.test_window_pre_aggregation import PerPartition, dead_letters
 
 
 def counted_then(then: str) -> Pipeline:
@@ -77,6 +98,77 @@ def test_chained_steps_give_exactly_what_their_own_exchanges_give(
     assert all(len(want_out[sink][-1]) > 50 for sink in want_out)
     assert {"late_join", "missing_key"} <= {d[0] for d in want_dead}
     assert got_out == want_out
+    assert got_dead == want_dead
+
+
+def per_user(flow: Dataflow, topic: str, uid: str) -> Any:
+    source = flow.source(KafkaSource(topics=(topic,)))
+    return source.key_by("user").window(windows.tumbling("10s").count().final(), uid=uid)
+
+
+def both_counts(clicks: dict, buys: dict) -> dict:
+    return {"user": clicks["key"], "clicks": clicks["count"], "buys": buys["count"]}
+
+
+def two_windows_joined(tmp_path: Path) -> tuple[list[list[str]], list, list[int]]:
+    """Clicks and purchases counted per user and 10 s window, the two counts joined on the
+    user in the window (both ways in keep the key): sink rows batch by batch, dead
+    letters, and the number of levels of each batch, through a crash and a rescale."""
+    log = Log(partitions=2)
+    log.values = {TopicPartition(t, p): [] for t in ("clicks", "buys") for p in range(2)}
+    log.start = dict.fromkeys(log.values, 0)
+    flow = Dataflow(
+        "counts-joined",
+        checkpoints=str(tmp_path / "checkpoints"),
+        event_time=EventTime("ts", allowed_lateness_s=1, idle_timeout_s=None),
+        dead_letters=DeadLetterSink(path=str(tmp_path / "dead"), max_ratio=1.0),
+        max_parallelism=8,
+        parallelism=2,
+    )
+    clicks, buys = per_user(flow, "clicks", "clicks"), per_user(flow, "buys", "buys")
+    join = WindowJoin("window_start", "window_start", "10s", select=both_counts)
+    clicks.key_by("key").join(buys.key_by("key"), join, uid="both").to(
+        ParquetSink("both", str(tmp_path / "both"))
+    )
+    pipeline = flow.build()
+    settings = dataclasses.replace(Settings.from_env(), spark_master="local[1]")
+    rng, out, seen = random.Random(7), [], []
+    executor = PerPartition(log)
+    spine_of = executor.spine
+
+    def counted(stage: StageTwo, rows: list[pa.Table]) -> Any:
+        seen.append(len(spine.step_levels(stage)))
+        return spine_of(stage, rows)
+
+    executor.spine = counted  # type: ignore[method-assign]
+    for n in range(4):
+        for i in range(300):
+            ts = n * 30_000 + i * 100 - rng.randrange(2_000)
+            user = f"u{rng.randrange(60)}"
+            topic = "buys" if i % 3 == 0 else "clicks"
+            log.values[TopicPartition(topic, i % 2)].append(
+                json.dumps({"user": user, "ts": ts}).encode()
+            )
+        runner = BatchRunner(None, pipeline, settings, executor=executor, broker=log)
+        if n == 1:
+            with pytest.raises(InjectedCrash):
+                runner.run(BatchOptions(crash_at="after_state_files", run_id="r"))
+        runner.run(BatchOptions(run_id="r", parallelism=3 if n >= 2 else None))
+        rows = read_parquet_sink(str(tmp_path / "both")).to_pylist()
+        out.append(sorted(json.dumps(r, sort_keys=True) for r in rows))
+    return out, dead_letters(tmp_path / "dead"), seen
+
+
+def test_a_join_of_two_windows_on_their_key_runs_in_their_level_as_it_would_after_an_exchange(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got, got_dead, got_levels = two_windows_joined(tmp_path / "chained")
+    with monkeypatch.context() as m:
+        m.setattr(spine, "keeps_key", lambda edge, origin: False)
+        want, want_dead, want_levels = two_windows_joined(tmp_path / "exchanged")
+    assert set(got_levels) == {1} and set(want_levels) == {2}, (got_levels, want_levels)
+    assert len(want[-1]) > 50, want[-1]
+    assert got == want
     assert got_dead == want_dead
 
 
