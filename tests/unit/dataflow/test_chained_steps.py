@@ -20,11 +20,8 @@ from microbatch.errors import BatchError
 from microbatch.joins import WindowJoin
 from microbatch.kafka import TopicPartition
 from microbatch.runtime import (
-    BatchOptions,
     BatchRunner,
-    DeadLetterSink,
     EventTime,
-    InjectedCrash,
     KafkaSource,
     ParquetSink,
     Pipeline,
@@ -35,8 +32,8 @@ from microbatch.runtime.stage_two import StageTwo
 from microbatch.settings import Settings
 from microbatch.sinks import read_parquet_sink
 from tests.unit.dataflow import test_joins_at_once
+from tests.unit.dataflow.test_joins_at_once import crash_then_rescale, two_topics
 from tests.unit.runtime import test_window_pre_aggregation
-from tests.unit.runtime.test_protocol import Log
 from tests.unit.runtime.test_stage_one import Noop
 from tests.unit.runtime.test_window_pre_aggregation import PerPartition, dead_letters
 
@@ -114,17 +111,7 @@ def two_windows_joined(tmp_path: Path) -> tuple[list[list[str]], list, list[int]
     """Clicks and purchases counted per user and 10 s window, the two counts joined on the
     user in the window (both ways in keep the key): sink rows batch by batch, dead
     letters, and the number of levels of each batch, through a crash and a rescale."""
-    log = Log(partitions=2)
-    log.values = {TopicPartition(t, p): [] for t in ("clicks", "buys") for p in range(2)}
-    log.start = dict.fromkeys(log.values, 0)
-    flow = Dataflow(
-        "counts-joined",
-        checkpoints=str(tmp_path / "checkpoints"),
-        event_time=EventTime("ts", allowed_lateness_s=1, idle_timeout_s=None),
-        dead_letters=DeadLetterSink(path=str(tmp_path / "dead"), max_ratio=1.0),
-        max_parallelism=8,
-        parallelism=2,
-    )
+    log, flow = two_topics("counts-joined", ("clicks", "buys"), 1, tmp_path)
     clicks, buys = per_user(flow, "clicks", "clicks"), per_user(flow, "buys", "buys")
     join = WindowJoin("window_start", "window_start", "10s", select=both_counts)
     clicks.key_by("key").join(buys.key_by("key"), join, uid="both").to(
@@ -149,11 +136,7 @@ def two_windows_joined(tmp_path: Path) -> tuple[list[list[str]], list, list[int]
             log.values[TopicPartition(topic, i % 2)].append(
                 json.dumps({"user": user, "ts": ts}).encode()
             )
-        runner = BatchRunner(None, pipeline, settings, executor=executor, broker=log)
-        if n == 1:
-            with pytest.raises(InjectedCrash):
-                runner.run(BatchOptions(crash_at="after_state_files", run_id="r"))
-        runner.run(BatchOptions(run_id="r", parallelism=3 if n >= 2 else None))
+        crash_then_rescale(BatchRunner(None, pipeline, settings, executor=executor, broker=log), n)
         rows = read_parquet_sink(str(tmp_path / "both")).to_pylist()
         out.append(sorted(json.dumps(r, sort_keys=True) for r in rows))
     return out, dead_letters(tmp_path / "dead"), seen

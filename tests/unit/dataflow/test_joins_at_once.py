@@ -22,6 +22,7 @@ from microbatch.joins import TableJoin, WindowJoin
 from microbatch.kafka import TopicPartition
 from microbatch.runtime import (
     BatchOptions,
+    BatchResult,
     BatchRunner,
     DeadLetterSink,
     EventTime,
@@ -81,18 +82,35 @@ def seller_now(auction: dict, person: dict | None) -> dict:
     return {"seller": auction["seller"], "ts": auction["ts"], "name": (person or {}).get("name")}
 
 
-def run(tmp_path: Path) -> tuple[dict[str, list], list, collections.Counter]:
+def two_topics(name: str, topics: tuple[str, str], lateness_s: int, tmp_path: Path
+               ) -> tuple[Log, Dataflow]:  # fmt: skip
+    """A stand-in log of ``topics`` (two partitions each) and a dataflow over it at
+    parallelism 2 of 8, whose dead letters never fail a batch."""
     log = Log(partitions=2)
-    log.values = {TopicPartition(t, p): [] for t in ("people", "auctions") for p in range(2)}
+    log.values = {TopicPartition(t, p): [] for t in topics for p in range(2)}
     log.start = dict.fromkeys(log.values, 0)
     flow = Dataflow(
-        "new-users",
+        name,
         checkpoints=str(tmp_path / "checkpoints"),
-        event_time=EventTime("ts", allowed_lateness_s=2, idle_timeout_s=None),
+        event_time=EventTime("ts", allowed_lateness_s=lateness_s, idle_timeout_s=None),
         dead_letters=DeadLetterSink(path=str(tmp_path / "dead"), max_ratio=1.0),
         max_parallelism=8,
         parallelism=2,
     )
+    return log, flow
+
+
+def crash_then_rescale(runner: BatchRunner, n: int) -> BatchResult:
+    """Batch ``n`` of a run: the second crashes inside stage 2 and is replayed, the third
+    on runs at parallelism 3."""
+    if n == 1:
+        with pytest.raises(InjectedCrash):
+            runner.run(BatchOptions(crash_at="after_state_files", run_id="r"))
+    return runner.run(BatchOptions(run_id="r", parallelism=3 if n >= 2 else None))
+
+
+def run(tmp_path: Path) -> tuple[dict[str, list], list, collections.Counter]:
+    log, flow = two_topics("new-users", ("people", "auctions"), 2, tmp_path)
     people = flow.source(KafkaSource(topics=("people",)))
     auctions = flow.source(KafkaSource(topics=("auctions",)))
     sellers = auctions.key_by("seller").window(
@@ -116,10 +134,7 @@ def run(tmp_path: Path) -> tuple[dict[str, list], list, collections.Counter]:
     for n, (start, count) in enumerate(BATCHES):
         produce(log, seed=n, start=start, n=count)
         runner = BatchRunner(None, pipeline, settings, executor=PerPartition(log), broker=log)
-        if n == 1:  # a crash inside stage 2, then the batch replayed
-            with pytest.raises(InjectedCrash):
-                runner.run(BatchOptions(crash_at="after_state_files", run_id="r"))
-        result = runner.run(BatchOptions(run_id="r", parallelism=3 if n >= 2 else None))
+        result = crash_then_rescale(runner, n)
         assert result.replayed == (n == 1)
         for sink in ("new_users", "pairs", "sellers_now"):
             rows = read_parquet_sink(str(tmp_path / sink)).to_pylist()

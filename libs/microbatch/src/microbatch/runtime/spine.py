@@ -9,7 +9,9 @@ next instance computes the same watermark and runs even without input — plus o
 ``result`` row per instance, which later steps pass through to the driver. Steps that
 read nothing of each other and run one after the other (a source's branches) share a
 level: one exchange, and one task per instance that runs each of them in turn
-(:func:`level_instance`), so no step's records ride through a sibling's exchange.
+(:func:`level_instance`), so no step's records ride through a sibling's exchange. So
+does a step that reads a window on the window's own key (:func:`keeps_key`): its
+records from the window are on the window's instance already, handed over in the task.
 Nothing is materialised between the steps: each exchange is the only copy. (Packing an
 instance's records into a few Arrow IPC rows per exchange was measured and dropped: the
 dataflow bench spent 0.4 CPU-s more per 300k records packing and unpacking than the JVM
@@ -184,9 +186,10 @@ def level_instance(level: list[StageTwo]) -> Body:
     """The mapInArrow body of a level of keyed steps over one partition: one instance of
     each, run in order, as if each had its own exchange. Each step takes its own records,
     the ``stat`` rows and the tick. The first also takes what only a first step reads
-    (pending elements, records for sinks fed before it); the last takes the dead letters
-    so far and those the steps before it in the level made, and hands on (or, as the
-    pipeline's last step, stages) all of them."""
+    (pending elements, records for sinks fed before it); a step reading an earlier step
+    of the level on its key takes that step's records for it (:func:`_hand_over`); the
+    last takes the dead letters so far and those the steps before it in the level made,
+    and hands on (or, as the pipeline's last step, stages) all of them."""
     pipeline = level[0].pipeline
     tags = tags_of(pipeline)
     uids = [stage.step for stage in level]
@@ -228,8 +231,8 @@ def level_instance(level: list[StageTwo]) -> Body:
                     records = pa.Table.from_batches([router.record_rows()])
                     forward = _hand_over(records, level, i, instance, chained)
                 else:
-                    last_rows = None if stage.is_last else router.forward_rows()
-                    forward = None if last_rows is None else pa.Table.from_batches([last_rows])
+                    onward = None if stage.is_last else router.forward_rows()
+                    forward = None if onward is None else pa.Table.from_batches([onward])
                 del router  # its rows freed while paused (see microbatch.gcpause)
             out.append(pa.Table.from_batches([result_row(stage.step or "", result)]))
             if forward is not None:
