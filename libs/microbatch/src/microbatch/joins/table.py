@@ -104,7 +104,9 @@ class TableJoin(JoinFunction):
         for k, at in zip(key_of[streams].tolist(), streams.tolist(), strict=True):
             if k in failed:
                 continue
-            value = current[k] if k in current else current.setdefault(k, state.get(k))
+            if k not in current:
+                current[k] = state.get(k)
+            value = current[k]
             if value is None and not left:
                 continue
             try:
