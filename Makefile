@@ -7,6 +7,9 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
+NATIVE := $(VENV)/.native
+NATIVE_SOURCES := $(wildcard libs/microbatch-native/src/*.rs) \
+  $(addprefix libs/microbatch-native/,Cargo.toml Cargo.lock pyproject.toml microbatch_native.pyi)
 BYTECODE := $(VENV)/.bytecode
 
 export MICROBATCH_HOME ?= $(CURDIR)/.local
@@ -44,7 +47,7 @@ tools:
 	@command -v java >/dev/null || { echo "error: java not found (Kafka and Spark need it): apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
 	@command -v mvn >/dev/null || { echo "error: mvn not found (it fetches the Kafka jars): apt-get install -y maven" >&2; exit 1; }
 
-venv: $(STAMP) $(BYTECODE)
+venv: $(STAMP) $(NATIVE) $(BYTECODE)
 
 # Re-runs only when the lock or the library's, the dev package's or the provider's
 # metadata changed. libs/microbatch-dev is the local stack, the demo and the examples
@@ -61,10 +64,20 @@ $(STAMP): requirements.lock libs/microbatch/pyproject.toml libs/microbatch-dev/p
 	  -e libs/microbatch -e libs/microbatch-dev -e plugins
 	@touch $@
 
+# microbatch-native, the Kafka reader in Rust (librdkafka's C sources built into it, crates
+# from crates.io at Cargo.lock's versions): a wheel built by maturin and installed into the
+# venv, so the stage-1 tasks (the executors) import it as the driver does. ~1-2 min the
+# first time on 2 cores; again only when its sources change.
+$(NATIVE): $(STAMP) $(NATIVE_SOURCES)
+	@command -v cargo >/dev/null || { echo "error: cargo not found (it builds microbatch-native, the native Kafka reader): install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+	@echo "==> microbatch-native (the Kafka reader in Rust): cargo build --release, ~1-2 min the first time"
+	@$(BIN)/uv pip install -q --python $(BIN)/python --reinstall-package microbatch-native libs/microbatch-native
+	@touch $@
+
 # Bytecode for everything installed and for the library, compiled once here: a process
 # that must compile its imports (PYTHONDONTWRITEBYTECODE=1, or a read-only venv) spends
 # ~2 s on pyspark, pandas and boto3 alone, on every batch and every Airflow task.
-$(BYTECODE): $(STAMP)
+$(BYTECODE): $(STAMP) $(NATIVE)
 	@echo "==> bytecode for .venv, libs/microbatch and libs/microbatch-dev"
 	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib libs/microbatch/src libs/microbatch-dev/src >$(VENV)/compileall.log 2>&1 || \
 	  { tail -5 $(VENV)/compileall.log; echo "(files that do not compile stay source-only)"; }

@@ -4,7 +4,7 @@ Produces ``--records`` JSON payments ``{"card": "c<n % 2000>", "merchant": "m<n 
 "amount": ..., "ts": ...}`` (1 ms apart) into a fresh 4-partition topic (every 13th a
 refund, amount < 0). Then, on ONE SparkSession (``local[2]``, Spark's Kafka connector
 jars), each engine consumes the whole topic in one batch (P=2, max_parallelism 128,
-Parquet sinks, the default reader — confluent-kafka — or ``--reader``). The job is the
+Parquet sinks, the default reader — the native one — or ``--reader``). The job is the
 issue's: merchant-risk enrichment (async I/O against a zero-latency in-process service,
 so it costs only its machinery) → no refunds → per card, the risky spend in hopping
 windows (60 s every 20 s) → an alert when a window's passes 3,000, then a quiet period
@@ -420,9 +420,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="30,000 records")
     parser.add_argument(
         "--reader",
-        choices=("auto", "confluent", "spark", "python"),
+        choices=("auto", "native", "confluent", "spark", "python"),
         default="auto",
-        help="both engines' KafkaSource(reader=...); auto: confluent-kafka",
+        help="both engines' KafkaSource(reader=...); auto: the native reader",
     )
     args = parser.parse_args(argv)
     if args.quick:

@@ -11,13 +11,15 @@ single-partition topic and as many into a fresh 4-partition topic, then measures
 - :func:`microbatch.kafka.read_range` over the same offsets, building Arrow batches
   (target: ≥ 0.8 × the raw loop with the same fetch settings);
 - :func:`microbatch.kafka.read_range_confluent`: the same range, the same Arrow batches,
-  read by confluent-kafka (librdkafka, the standard C client).
+  read by confluent-kafka (librdkafka, the standard C client);
+- :func:`microbatch.kafka.read_range_native`: the same again, read by microbatch's native
+  reader (librdkafka's messages into Arrow buffers in Rust, ``libs/microbatch-native``).
 
 **Four partitions, the ways stage 1 can read a batch's planned ranges** (one range per
 partition; CPU-s = CPU time of every process involved, the broker's excluded):
 
 - ``read_range`` in this process, the ranges one after the other (kafka-python);
-- ``read_range_confluent`` in this process, likewise;
+- ``read_range_confluent`` and ``read_range_native`` in this process, likewise;
 - Spark's JVM Kafka source (:func:`microbatch.kafka.read_ranges_spark`, today's default
   ``KafkaSource(reader="spark")``) then a ``mapInArrow`` over ``select("topic",
   "partition", "offset", "key", "value")`` that counts rows: the JVM fetches and parses,
@@ -26,8 +28,9 @@ partition; CPU-s = CPU time of every process involved, the broker's excluded):
 - ``read_range`` inside the ``mapInArrow`` tasks over ``range_descriptors`` (today's
   ``KafkaSource(reader="python")``, as ``execute.read_planned`` runs it), counting rows in
   the same Python worker (nothing goes back to the JVM);
-- ``read_range_confluent`` inside those tasks, likewise (``KafkaSource(reader="confluent")``,
-  as ``execute.read_planned`` runs it);
+- ``read_range_confluent`` and ``read_range_native`` inside those tasks, likewise
+  (``KafkaSource(reader="confluent")`` and ``"native"``, as ``execute.read_planned`` runs
+  them);
 - below the table, a job of the same tasks reading nothing: the fixed cost of a Spark job
   that every Spark row includes.
 
@@ -39,8 +42,9 @@ Then ``--repeat`` rounds rotate the readers' order; each run prints the load ave
 start; the table shows median and best, and the ratios of the medians against the JVM path
 (records/s, and records per CPU-second).
 
-``read_range_confluent`` (``microbatch.kafka.confluent_reader``, which says how) returns
-exactly what ``read_range`` returns; the bench checks that again on its data.
+``read_range_confluent`` and ``read_range_native`` (``microbatch.kafka.confluent_reader``
+says how) return exactly what ``read_range`` returns; the bench checks that again on its
+data.
 
 Uses the broker at ``MICROBATCH_KAFKA_BOOTSTRAP_SERVERS`` if set (e.g. ``make stack``),
 else starts a Kafka broker on free loopback ports and stops it at the end.
@@ -69,7 +73,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from benchlib import kafka_settings, load, log, spark_cpu_seconds
 
-from microbatch.kafka import OffsetRange, read_range, read_range_confluent, read_ranges_spark
+from microbatch.kafka import (
+    OffsetRange,
+    read_range,
+    read_range_confluent,
+    read_range_native,
+    read_ranges_spark,
+)
 from microbatch.kafka.reader import build_consumer_config, range_descriptors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,7 +217,7 @@ def count_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield pa.RecordBatch.from_pydict({"n": [sum(b.num_rows for b in batches)]})
 
 
-# One partition, one core (the original rows, plus confluent-kafka) ----------------------------
+# One partition, one core (the original rows, plus the librdkafka readers) ---------------------
 
 
 def raw_loop(topic: str, end: int, config: dict[str, Any], value_bytes: int) -> int:
@@ -270,6 +280,7 @@ def single_partition(bootstrap: str, records: int, repeat: int) -> None:
         "read_range_confluent → Arrow": lambda: count_reader(
             read_range_confluent(bootstrap, whole)
         ),
+        "read_range_native → Arrow": lambda: count_reader(read_range_native(bootstrap, whole)),
     }
     runs: dict[str, list[Run]] = {label: [] for label in readers}
     print("one partition, one process, one core (runs alternate so load swings hit all alike):")
@@ -283,7 +294,7 @@ def single_partition(bootstrap: str, records: int, repeat: int) -> None:
                 flush=True,
             )
     rates = {label: [records / w for w, _, _ in xs] for label, xs in runs.items()}
-    raw_default, raw_tuned, ours, confluent = (max(r) for r in rates.values())
+    raw_default, raw_tuned, ours, confluent, native = (max(r) for r in rates.values())
 
     def paired_median(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
@@ -315,6 +326,16 @@ def single_partition(bootstrap: str, records: int, repeat: int) -> None:
         (
             "confluent / read_range, median of paired runs",
             f"{paired_median('read_range_confluent → Arrow', 'read_range → Arrow batches'):.2f}",
+            "records/s",
+        ),
+        (
+            "read_range_native (Arrow)",
+            f"{native:,.0f}/s",
+            cpu_per_million("read_range_native → Arrow"),
+        ),
+        (
+            "native / confluent, median of paired runs",
+            f"{paired_median('read_range_native → Arrow', 'read_range_confluent → Arrow'):.2f}",
             "records/s",
         ),
     ]
@@ -389,8 +410,13 @@ def four_partitions(settings: Any, records: int, repeat: int) -> None:
             True,
             in_tasks(functools.partial(read_descriptors, client="confluent")),
         ),
+        "native reader in tasks": (
+            True,
+            in_tasks(functools.partial(read_descriptors, client="native")),
+        ),
         "kafka-python read_range, 1 process": (False, in_process(read_range)),
         "confluent reader, 1 process": (False, in_process(read_range_confluent)),
+        "native reader, 1 process": (False, in_process(read_range_native)),
     }
     runs: dict[str, list[Run]] = {label: [] for label in readers}
     try:

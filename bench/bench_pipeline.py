@@ -15,8 +15,8 @@ the whole topic in one batch:
   JVM Kafka source (the same connector as the reference), then decodes, enriches and keys
   in Python;
 - **microbatch, confluent-kafka reader** (extra row): the same pipeline with
-  ``KafkaSource(reader="confluent")``, librdkafka reading inside the stage-1 tasks (the
-  least CPU per record, ``bench_kafka_reader.py``);
+  ``KafkaSource(reader="confluent")``, librdkafka reading inside the stage-1 tasks
+  (``bench_kafka_reader.py``);
 - **microbatch, kafka-python reader** (extra row, not the target): the same pipeline with
   ``KafkaSource(reader="python")``, kafka-python reading inside the stage-1 tasks;
 - **Structured Streaming** (the reference): the Kafka source (``spark-sql-kafka-0-10``),

@@ -9,7 +9,7 @@ windows per user with their count and sum of ``amount``:
 
 - **microbatch windows**: ``process=windows.tumbling("1m").count().sum("amount").final()``,
   ``EventTime("ts", allowed_lateness_s=10, watermark="global_max")``,
-  ``KafkaSource(value_schema=JsonSchema(...))`` (the default reader, confluent-kafka in
+  ``KafkaSource(value_schema=JsonSchema(...))`` (the default reader, the native one in
   the stage-1 tasks; ``--reader spark``: the JVM Kafka source, as the reference reads; the
   values decoded with Arrow into columns, pre-aggregated per (key, window) in stage 1 so
   only partials cross the shuffle, as the reference's partial aggregation does before its
@@ -464,9 +464,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--reader",
-        choices=("auto", "confluent", "spark", "python"),
+        choices=("auto", "native", "confluent", "spark", "python"),
         default="auto",
-        help="microbatch's KafkaSource(reader=...); auto: confluent-kafka",
+        help="microbatch's KafkaSource(reader=...); auto: the native reader",
     )
     args = parser.parse_args()
     windowed.PRE_AGGREGATE = args.pre_aggregate

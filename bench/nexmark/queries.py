@@ -98,7 +98,7 @@ class Reading:
 
 
 def source(topic: str, kind: str, reading: Reading) -> KafkaSource:
-    """The topic through ``reading.reader`` (``"auto"``: confluent-kafka)."""
+    """The topic through ``reading.reader`` (``"auto"``: the native reader)."""
     schema = SCHEMAS[kind] if reading.schema else None
     return KafkaSource(topics=(topic,), reader=reading.reader,  # type: ignore[arg-type]
                        value_schema=schema, max_records_per_batch=reading.max_records)  # fmt: skip

@@ -8,9 +8,10 @@ Kafka writer. On ONE SparkSession (``local[2]``, the Kafka connector jars, 2 shu
 partitions) each query then consumes its topics whole, once per engine and round:
 
 - **microbatch**: the query's dataflow (:mod:`nexmark.queries`), one batch (``BatchRunner``,
-  P=2, Parquet sink), reading with the default reader (confluent-kafka in the stage-1
-  tasks; ``--reader spark``: Spark's JVM Kafka source, as the reference reads), decoding
-  per record (``--schema``: with the events' declared schemas, into Arrow columns);
+  P=2, Parquet sink), reading with the default reader (the native reader in the stage-1
+  tasks; ``--reader confluent``: confluent-kafka; ``--reader spark``: Spark's JVM Kafka
+  source, as the reference reads), decoding per record (``--schema``: with the events'
+  declared schemas, into Arrow columns);
 - **Structured Streaming** (:mod:`nexmark.spark_queries`): the Kafka source, ``from_json``,
   the query, Parquet in append mode, ``Trigger.AvailableNow``; q4 it cannot express.
 
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schema", action="store_true", help=columns)
     parser.add_argument(
         "--reader",
-        choices=("auto", "confluent", "spark", "python"),
+        choices=("auto", "native", "confluent", "spark", "python"),
         default="auto",
         help="microbatch's KafkaSource(reader=...)",
     )

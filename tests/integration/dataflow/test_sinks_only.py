@@ -151,7 +151,7 @@ def three_partitions(bootstrap, admin) -> str:
     return name
 
 
-@pytest.mark.parametrize("reader", ["confluent", "python"])
+@pytest.mark.parametrize("reader", ["native", "confluent", "python"])
 def test_a_sink_only_batch_is_one_spark_stage_without_an_exchange(
     reader: str, spark, kafka_settings, three_partitions: str, tmp_path: Path
 ) -> None:

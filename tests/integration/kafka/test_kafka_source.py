@@ -28,6 +28,7 @@ from microbatch.kafka import (
     plan_batch,
     read_range,
     read_range_confluent,
+    read_range_native,
     read_ranges,
     snapshot_from_json,
     snapshot_to_json,
@@ -257,7 +258,11 @@ def test_tail_of_transaction_markers_and_aborted_records_does_not_hang(bootstrap
     assert list(read_range(bootstrap, OffsetRange(topic, 0, 10, end), poll_timeout_s=5)) == []
 
 
-@pytest.mark.parametrize("read", [read_range, read_range_confluent], ids=["python", "confluent"])
+@pytest.mark.parametrize(
+    "read",
+    [read_range, read_range_confluent, read_range_native],
+    ids=["python", "confluent", "native"],
+)
 def test_read_range_past_the_end_times_out_with_a_named_error(bootstrap, admin, read):
     topic = new_topic(admin, 1)
     produce(bootstrap, topic, [(0, None, b"x")] * 3)

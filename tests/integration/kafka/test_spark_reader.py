@@ -2,9 +2,9 @@
 
 On a real broker: plain records with and without headers, a committed and an aborted
 transaction (offset gaps: markers and aborted records), a tombstone; then a pipeline batch
-with each reader (confluent-kafka's too) gives identical outputs and state. The reference
-is always the Python reader (``read_ranges``), itself checked against a plain
-``read_committed`` consumer in ``test_kafka_source.py``.
+with each reader (confluent-kafka's and the native one too) gives identical outputs and
+state. The reference is always the Python reader (``read_ranges``), itself checked against
+a plain ``read_committed`` consumer in ``test_kafka_source.py``.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_pipeline_batches_are_identical_with_either_reader(
     produce(bootstrap, topic, [(0, None, b"{oops"), (1, None, click("u1", "/late"))])
 
     results = {}
-    for reader in ("python", "spark", "confluent"):
+    for reader in ("python", "spark", "confluent", "native"):
         base = count_pipeline(topic, str(tmp_path / reader), max_records_per_batch=30)
         pipe = dataclasses.replace(base, source=dataclasses.replace(base.source, reader=reader))
         used, records_in = [], 0
@@ -156,5 +156,6 @@ def test_pipeline_batches_are_identical_with_either_reader(
 
     assert results["spark"] == results["python"]
     assert results["confluent"] == results["python"]
+    assert results["native"] == results["python"]
     assert sum(r["clicks"] for r in results["spark"]["counts"]) == 40 + 9 + 1
     assert len(results["spark"]["dead"]) == 1

@@ -114,6 +114,8 @@ def test_source_options_fix_what_decides_which_records_are_read():
         ("auto", "no connector", "python"),
         ("confluent", None, "confluent"),
         ("confluent", "no connector", "confluent"),
+        ("native", None, "native"),
+        ("native", "no connector", "native"),
         ("python", None, "python"),
         ("python", "no connector", "python"),
         ("spark", None, "spark"),
@@ -128,6 +130,18 @@ def test_choose_reader(requested, problem, chosen):
 )
 def test_auto_prefers_confluent_kafka_when_it_can_run(problem, chosen):
     assert choose_reader("clicks", "auto", problem, confluent_problem=None) == chosen
+
+
+@pytest.mark.parametrize("confluent", [None, "no confluent-kafka"])
+@pytest.mark.parametrize("problem", [None, "no connector"])
+def test_auto_prefers_the_native_reader_when_it_can_run(problem, confluent):
+    chosen = choose_reader("clicks", "auto", problem, confluent, native_problem=None)
+    assert chosen == "native"
+
+
+def test_auto_takes_confluent_kafka_when_the_native_reader_cannot_run():
+    why = "KafkaSource(reader='native') is built without TLS or SASL SCRAM-SHA-256"
+    assert choose_reader("clicks", "auto", None, None, native_problem=why) == "confluent"
 
 
 @pytest.mark.parametrize(("problem", "chosen"), [(None, "spark"), ("no connector", "python")])

@@ -3,14 +3,16 @@
 A batch reads fixed offset ranges that were planned (and stored) before any work ran, so a
 rerun reads exactly the same records; the offsets of every partition go into the
 checkpoint manifest; a consumer group mirrors them for standard lag tools. The ranges are
-read by kafka-python (``read_ranges``), by confluent-kafka (``read_range_confluent``) or
-by Spark's own Kafka source in the JVM (``read_ranges_spark``), with the same records.
+read by kafka-python (``read_ranges``), by confluent-kafka (``read_range_confluent``), by
+microbatch's native reader (``read_range_native``, librdkafka into Arrow in Rust) or by
+Spark's own Kafka source in the JVM (``read_ranges_spark``), with the same records.
 See ``docs/kafka-source.md``.
 """
 
 from microbatch.kafka.assignment import java_string_hash, partitions_for_task, source_task
 from microbatch.kafka.confluent_reader import read_range_confluent
 from microbatch.kafka.lag import consumer_group_name, mirror_offsets, partition_lag
+from microbatch.kafka.native_reader import read_range_native
 from microbatch.kafka.offsets import (
     OffsetRange,
     TopicPartition,
@@ -48,6 +50,7 @@ __all__ = [
     "plan_batch",
     "read_range",
     "read_range_confluent",
+    "read_range_native",
     "read_ranges",
     "read_ranges_spark",
     "snapshot_from_json",

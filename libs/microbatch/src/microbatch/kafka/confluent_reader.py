@@ -173,22 +173,26 @@ def librdkafka_config(config: Mapping[str, Any] | None, *, where: str = "") -> d
     return out
 
 
+def range_settings(bootstrap_servers: str, r: OffsetRange,
+                   config: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """librdkafka's settings for reading ``r`` (``config``: :func:`librdkafka_config`'s):
+    prefetching at most about as many records as it holds; the fixed ones win."""
+    return {
+        **DEFAULTS,
+        "queued.min.messages": max(1, min(_QUEUED_MIN_MESSAGES, r.count)),
+        **config,
+        "bootstrap.servers": bootstrap_servers,
+        **FIXED,
+    }
+
+
 def _consumer(bootstrap_servers: str, r: OffsetRange, config: Mapping[str, Any],
               errors: list[Any]) -> Any:  # fmt: skip
-    """A consumer for ``r``: prefetching at most about as many records as it holds."""
+    """A consumer for ``r`` (:func:`range_settings`), its client errors into ``errors``."""
     from confluent_kafka import Consumer
 
-    return Consumer(
-        {
-            **DEFAULTS,
-            "queued.min.messages": max(1, min(_QUEUED_MIN_MESSAGES, r.count)),
-            **config,
-            "bootstrap.servers": bootstrap_servers,
-            "error_cb": errors.append,
-            "logger": log,
-            **FIXED,
-        }
-    )
+    settings = range_settings(bootstrap_servers, r, config)
+    return Consumer({**settings, "error_cb": errors.append, "logger": log})
 
 
 def _batch(topic: str, partition: int, records: list[Any], source_only: bool) -> pa.RecordBatch:

@@ -303,13 +303,16 @@ def read_descriptors(
     """The records (``KAFKA_SCHEMA``) of the ranges described by ``range_descriptors`` rows:
     the body of a ``mapInArrow`` — alone, or fused with the next step of a task. ``client``:
     ``"python"`` reads with kafka-python (:func:`read_range`), ``"confluent"`` with
-    confluent-kafka (``confluent_reader.read_range_confluent``); the same records.
+    confluent-kafka (``confluent_reader.read_range_confluent``), ``"native"`` with
+    microbatch's native reader (``native_reader.read_range_native``); the same records.
     ``source_only``: only the :data:`SOURCE_ONLY` columns filled."""
     read = read_range
     if client == "confluent":
         from microbatch.kafka.confluent_reader import read_range_confluent as read
+    elif client == "native":
+        from microbatch.kafka.native_reader import read_range_native as read
     elif client != "python":
-        raise ValueError(f"client must be 'python' or 'confluent', got {client!r}")
+        raise ValueError(f"client must be 'python', 'confluent' or 'native', got {client!r}")
     for batch in batches:
         for row in batch.to_pylist():
             piece = OffsetRange(row["topic"], row["partition"], row["start"], row["end"])

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["auto", "python", "spark", "confluent"]
-READERS: tuple[str, ...] = ("auto", "python", "spark", "confluent")
+Reader = Literal["auto", "python", "spark", "confluent", "native"]
+READERS: tuple[str, ...] = ("auto", "python", "spark", "confluent", "native")
 #: How the connector is named in ``--packages`` (Scala 2.13 builds, as pyspark 4's).
 CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 
@@ -319,17 +319,24 @@ def connector_problem(spark: Any) -> str | None:
 
 
 def choose_reader(
-    pipeline: str, requested: str, problem: str | None, confluent_problem: str | None = "unused"
-) -> Literal["python", "spark", "confluent"]:
+    pipeline: str,
+    requested: str,
+    problem: str | None,
+    confluent_problem: str | None = "unused",
+    native_problem: str | None = "unused",
+) -> Literal["python", "spark", "confluent", "native"]:
     """The reader stage 1 uses: ``requested`` (``KafkaSource.reader``) given the session's
-    :func:`connector_problem` and why the confluent-kafka reader cannot run (None: it can;
-    ``confluent_reader.confluent_problem``). "auto" prefers confluent-kafka (the least CPU
-    per record), then the JVM source, and falls back quietly; "spark" without the
-    connector is an error saying how to add it."""
+    :func:`connector_problem` and why the native and the confluent-kafka readers cannot run
+    (None: they can; ``native_reader.native_problem``, ``confluent_reader.confluent_problem``).
+    "auto" prefers the native reader (the least CPU per record), then confluent-kafka, then
+    the JVM source, and falls back quietly; "spark" without the connector is an error
+    saying how to add it."""
     if requested not in READERS:
         raise ConfigError(f"pipeline {pipeline!r}: reader must be one of {READERS}: {requested!r}")
-    if requested in ("python", "confluent"):
-        return cast(Literal["python", "confluent"], requested)
+    if requested in ("python", "confluent", "native"):
+        return cast(Literal["python", "confluent", "native"], requested)
+    if requested == "auto" and native_problem is None:
+        return "native"
     if requested == "auto" and confluent_problem is None:
         return "confluent"
     if problem is None:

@@ -26,6 +26,7 @@ from microbatch.errors import BatchError, ConfigError
 from microbatch.gcpause import freeze_in_spark_worker
 from microbatch.kafka import BatchPlan, BrokerView
 from microbatch.kafka.confluent_reader import confluent_problem
+from microbatch.kafka.native_reader import native_problem
 from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
@@ -43,13 +44,17 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
-_READER_NAMES = {"spark": "Spark's Kafka source", "confluent": "confluent-kafka"}
+_READER_NAMES = {
+    "spark": "Spark's Kafka source",
+    "confluent": "confluent-kafka",
+    "native": "the native reader",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
     """What one execution of a batch produced: every instance's result, in instance
-    order, and the stage-1 reader used ("spark", "python", "confluent", or None: nothing
+    order, and the stage-1 reader used ("spark", "python", "confluent", "native", or None: nothing
     to read)."""
 
     results: tuple[InstanceResult, ...]
@@ -172,8 +177,9 @@ class SparkExecutor:
     ) -> Any:
         """``process`` over the records of the planned ranges, read by the pipeline's
         ``KafkaSource.reader`` choice: Spark's Kafka source in the JVM, then ``process`` in
-        a ``mapInArrow`` over its rows; or kafka-python (or confluent-kafka) inside the
-        ``mapInArrow`` tasks themselves, one range per task (``range_descriptors``)."""
+        a ``mapInArrow`` over its rows; or the native reader, confluent-kafka or
+        kafka-python inside the ``mapInArrow`` tasks themselves, one range per task
+        (``range_descriptors``)."""
         if reader is None:
             return self.spark.createDataFrame([], envelope_type)
         source = self.pipeline.source
@@ -200,10 +206,15 @@ class SparkExecutor:
         source = self.pipeline.source
         requested = source.reader
         config = self.settings.kafka_client_config(source.consumer_config)
-        librdkafka = confluent_problem(config) if requested == "auto" else "unused"
-        chosen_before = requested in ("python", "confluent") or librdkafka is None
+        auto = requested == "auto"
+        native = native_problem(config) if auto else "unused"
+        librdkafka = confluent_problem(config) if auto and native is not None else "unused"
+        chosen_before = requested in ("python", "confluent", "native") or None in (
+            native,
+            librdkafka,
+        )
         problem = None if chosen_before else connector_problem(self.spark)
-        reader = choose_reader(self.pipeline.name, requested, problem, librdkafka)
+        reader = choose_reader(self.pipeline.name, requested, problem, librdkafka, native)
         log.info(
             "pipeline %s batch %s: stage 1 reads %d ranges with %s",
             self.pipeline.name,

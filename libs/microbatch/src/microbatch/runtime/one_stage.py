@@ -11,9 +11,9 @@ An instance sees only its own ranges, so its stage-1 totals are its share: the d
 adds them up and advances the watermark from the sum (:func:`with_batch_totals`), as
 each instance of a two-stage batch does from the ``stat`` rows all of them receive.
 
-It takes a reader that reads inside the tasks (kafka-python or confluent-kafka; Spark's
-JVM source gives a task per range) and no enrichment elements to re-issue (they come in
-rows of their own). Every other batch runs its two stages (:mod:`.execute`).
+It takes a reader that reads inside the tasks (the native reader, confluent-kafka or
+kafka-python; Spark's JVM source gives a task per range) and no enrichment elements to
+re-issue (they come in rows of their own). Every other batch runs its two stages (:mod:`.execute`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from microbatch.runtime.pipeline import Pipeline
 
 #: The readers that read inside stage 1's own tasks.
-TASK_READERS = ("python", "confluent")
+TASK_READERS = ("python", "confluent", "native")
 
 
 def runs_in_one_stage(pipeline: Pipeline, reader: str, reissued: int) -> bool:

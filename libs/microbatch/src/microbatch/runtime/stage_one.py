@@ -20,6 +20,7 @@ import pyarrow as pa
 from microbatch.errors import MicrobatchError, ProcessError, error_text
 from microbatch.gcpause import freeze_in_spark_worker, gc_paused
 from microbatch.kafka.confluent_reader import check_confluent
+from microbatch.kafka.native_reader import check_native
 from microbatch.kafka.reader import read_descriptors
 from microbatch.keygroups import encode_key, key_group_of_bytes, operator_indexes
 from microbatch.runtime.column_plan import columnar_values, decoded_as_columns
@@ -721,7 +722,8 @@ READ_BATCH_ROWS = 50_000
 class ReadingStageOne:
     """Stage 1 reading inside its own tasks: the input rows are range descriptors
     (``range_descriptors``); the task reads each range with ``client`` (``"python"``:
-    kafka-python, ``"confluent"``: confluent-kafka) and hands the records to ``stage`` as
+    kafka-python, ``"confluent"``: confluent-kafka, ``"native"``: microbatch's native
+    reader) and hands the records to ``stage`` as
     they arrive, in one Python worker (not two chained ones)."""
 
     stage: StageOne
@@ -734,6 +736,8 @@ class ReadingStageOne:
     def __post_init__(self) -> None:
         if self.client == "confluent":  # on the driver: no task starts only to fail
             check_confluent(self.consumer_config)
+        elif self.client == "native":
+            check_native(self.consumer_config)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return self.stage(self.read(batches))

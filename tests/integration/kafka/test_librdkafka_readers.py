@@ -1,4 +1,5 @@
-"""The confluent-kafka reader returns exactly what the kafka-python reader returns.
+"""Both librdkafka readers (confluent-kafka's and microbatch's native one) return exactly
+what the kafka-python reader returns.
 
 On a real broker: committed and aborted transactions (offset gaps: markers and aborted
 records), ranges starting and ending on markers and inside aborted records, ranges in the
@@ -14,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from microbatch.errors import DataLossError
+from microbatch.errors import DataLossError, SourceError
 from microbatch.kafka import (
     KAFKA_SCHEMA,
     KafkaBrokerView,
@@ -23,6 +24,7 @@ from microbatch.kafka import (
     read_range,
     read_range_confluent,
 )
+from microbatch.kafka.native_reader import read_range_native
 from tests.integration.kafka.test_kafka_source import new_topic, produce
 
 pytestmark = pytest.mark.integration
@@ -33,12 +35,19 @@ pytestmark = pytest.mark.integration
 POLL_S = 5
 
 
+#: The readers under test, each against kafka-python's ``read_range``.
+LIBRDKAFKA_READERS = pytest.mark.parametrize(
+    "read", [read_range_confluent, read_range_native], ids=["confluent", "native"]
+)
+
+
 def table(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
     return pa.Table.from_batches(batches, KAFKA_SCHEMA).to_pylist()
 
 
+@LIBRDKAFKA_READERS
 def test_every_subrange_of_a_transactional_log_reads_what_read_range_reads(
-    bootstrap, admin
+    read, bootstrap, admin
 ) -> None:
     topic = new_topic(admin, 1)
     headers = [("trace", b"t-1"), ("empty", b"")]
@@ -61,13 +70,11 @@ def test_every_subrange_of_a_transactional_log_reads_what_read_range_reads(
     for start, stop in [(0, end), (0, 7), (0, 6), (3, 11), (6, 7), (7, 10), (7, 12), (4, 5),
                         (2, 4), (11, end), (12, end), (14, end)]:  # fmt: skip
         r = OffsetRange(topic, 0, start, stop)
-        ours = list(read_range_confluent(bootstrap, r, batch_rows=2, poll_timeout_s=POLL_S))
+        ours = list(read(bootstrap, r, batch_rows=2, poll_timeout_s=POLL_S))
         theirs = list(read_range(bootstrap, r, batch_rows=2, poll_timeout_s=POLL_S))
         assert all(b.schema == KAFKA_SCHEMA and b.num_rows <= 2 for b in ours)
         assert table(ours) == table(theirs), (start, stop)
-    whole = table(
-        list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 0, end), poll_timeout_s=POLL_S))
-    )
+    whole = table(list(read(bootstrap, OffsetRange(topic, 0, 0, end), poll_timeout_s=POLL_S)))
     assert [(r["key"], r["value"]) for r in whole] == [
         (b"k0", b"p0"), (None, b""), (b"k1", None), (b"c", b"c0"), (b"c", b"c1"), (b"c", b"c2"),
         (None, b"after"),
@@ -92,13 +99,14 @@ def test_source_only_reads_give_the_same_records_without_timestamps_or_headers(
     full = table(list(read_range(bootstrap, r, batch_rows=2, poll_timeout_s=5)))
     assert len(full) == 6 and full[0]["headers"] and full[0]["timestamp"] is not None
     expected = [{**row, "timestamp": None, "headers": None} for row in full]
-    for read in (read_range, read_range_confluent):
+    for read in (read_range, read_range_confluent, read_range_native):
         batches = list(read(bootstrap, r, batch_rows=2, poll_timeout_s=5, source_only=True))
         assert all(b.schema == KAFKA_SCHEMA for b in batches)
         assert table(batches) == expected, read.__name__
 
 
-def test_a_deleted_start_fails_as_data_loss_never_skips(bootstrap, admin) -> None:
+@LIBRDKAFKA_READERS
+def test_a_deleted_start_fails_as_data_loss_never_skips(read, bootstrap, admin) -> None:
     from kafka import TopicPartition as KTP
 
     topic = new_topic(admin, 1)
@@ -106,6 +114,43 @@ def test_a_deleted_start_fails_as_data_loss_never_skips(bootstrap, admin) -> Non
     admin.delete_records({KTP(topic, 0): 50})
 
     with pytest.raises(DataLossError, match="offset 10 is no longer available") as err:
-        list(read_range_confluent(bootstrap, OffsetRange(topic, 0, 10, 100), poll_timeout_s=10))
+        list(read(bootstrap, OffsetRange(topic, 0, 10, 100), poll_timeout_s=10))
     assert f"{topic}[0] [10, 100) on {bootstrap}" in str(err.value)
     assert "--replan" in str(err.value)
+
+
+def test_the_native_reader_ends_a_batch_before_its_bytes_would_pass_the_limit(
+    bootstrap, admin
+) -> None:
+    """A batch holds at most ``batch_bytes`` of keys (or values): the record that would
+    pass it starts the next batch (carried over, never dropped or read twice); a record
+    larger than the limit is a batch of its own."""
+    topic = new_topic(admin, 1)
+    values = [b"abc", b"de", b"f", b"0123456789", b"gh", None, b"ij"]
+    produce(bootstrap, topic, [(0, b"k", v) for v in values])
+    r = OffsetRange(topic, 0, 0, len(values))
+    batches = list(read_range_native(bootstrap, r, batch_bytes=6, poll_timeout_s=POLL_S))
+    # keys take 1 byte a record: each batch stops before 6 bytes of keys or of values
+    assert [b.column("value").to_pylist() for b in batches] == [
+        [b"abc", b"de", b"f"], [b"0123456789"], [b"gh", None, b"ij"],
+    ]  # fmt: skip
+    assert table(batches) == table(list(read_range(bootstrap, r, poll_timeout_s=POLL_S)))
+
+
+@LIBRDKAFKA_READERS
+def test_a_refused_login_fails_the_read_saying_what_to_check(
+    read, sasl_settings, bootstrap, admin
+) -> None:
+    topic = new_topic(admin, 1)
+    produce(bootstrap, topic, [(0, None, b"x")] * 3)
+    r = OffsetRange(topic, 0, 0, 3)
+    secured = sasl_settings.kafka_bootstrap_servers
+    config = sasl_settings.kafka_client_config(None)
+    assert table(list(read(secured, r, consumer_config=config, poll_timeout_s=POLL_S))) == table(
+        list(read_range(bootstrap, r, poll_timeout_s=POLL_S))
+    )
+    wrong = {**config, "sasl_plain_password": "not-the-password"}
+    with pytest.raises(SourceError, match="the broker refused the connection") as err:
+        list(read(secured, r, consumer_config=wrong, poll_timeout_s=POLL_S))
+    assert f"{topic}[0] [0, 3) on {secured}" in str(err.value)
+    assert "MICROBATCH_KAFKA_SASL_" in str(err.value)

@@ -1,0 +1,27 @@
+"""microbatch's native Kafka range reader (``libs/microbatch-native/src/lib.rs``)."""
+
+from typing import Any
+
+class ReadError(Exception):
+    """A range could not be read: args are (kind, message, offset)."""
+
+class RangeReader:
+    def __init__(
+        self,
+        config: list[tuple[str, str]],
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        batch_rows: int,
+        batch_bytes: int,
+        poll_timeout_s: float,
+        wait_ms: int,
+        source_only: bool,
+    ) -> None: ...
+    def next_batch(self) -> tuple[Any, ...] | None: ...
+    def close(self) -> None: ...
+    @property
+    def seen(self) -> int: ...
+
+def librdkafka_version() -> str: ...
