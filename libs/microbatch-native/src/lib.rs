@@ -18,6 +18,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use rdkafka_sys as rd;
 
+mod json;
+
 create_exception!(
     microbatch_native,
     ReadError,
@@ -514,6 +516,7 @@ fn librdkafka_version() -> String {
 fn microbatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RangeReader>()?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
+    m.add_function(wrap_pyfunction!(json::decode_json, m)?)?;
     m.add("ReadError", m.py().get_type::<ReadError>())?;
     Ok(())
 }

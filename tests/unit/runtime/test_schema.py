@@ -7,6 +7,8 @@ import json
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from microbatch.errors import ConfigError
 from microbatch.runtime import EventTime, KafkaSource, KeyedProcessFunction, Pipeline
@@ -101,7 +103,18 @@ def test_each_bad_value_is_a_mismatch_that_names_the_field(raw, field, words) ->
         assert repr(field) in str(caught.value)
 
 
-def test_arrow_decoding_equals_the_reference_value_by_value_however_split() -> None:
+@pytest.fixture(params=["native", "arrow"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each decoding test runs with the native fast path and without it (pyarrow.json and
+    Python alone, as on a machine without the extension)."""
+    if request.param == "native":
+        assert schema_module._native_decoder() is not None, "microbatch_native is missing"
+    else:
+        monkeypatch.setattr(schema_module, "_native_decoder", lambda: None)
+    return request.param
+
+
+def test_arrow_decoding_equals_the_reference_value_by_value_however_split(decoder) -> None:
     good = [value(user_id=f"u{i}", ts=i, amount=i / 2 if i % 3 else None) for i in range(40)]
     odd = [
         value(ok=...),  # a nullable field missing
@@ -137,6 +150,7 @@ def test_a_batch_of_several_parse_blocks_and_a_value_longer_than_one_decodes_who
 ) -> None:
     """Arrow parses a batch in blocks of ``_BLOCK_BYTES``; a value longer than a block
     must still be one row (a block holds the longest value), and no bad value appears."""
+    monkeypatch.setattr(schema_module, "_native_decoder", lambda: None)
     monkeypatch.setattr(schema_module, "_BLOCK_BYTES", 1 << 16)
     parses = []
     parse = JsonSchema._parse
@@ -151,6 +165,74 @@ def test_a_batch_of_several_parse_blocks_and_a_value_longer_than_one_decodes_who
     assert decoded.bad == []
     assert decoded.rows.tolist() == list(range(len(values)))
     assert decoded.table.to_pylist() == [SCHEMA.decode_record(v) for v in values]
+
+
+def test_the_native_path_takes_good_values_whole_and_leaves_arrow_only_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Good values never reach ``pyarrow.json``; the odd ones do, alone, and the rows come
+    back in input order."""
+    parsed = []
+    parse = JsonSchema._parse
+    monkeypatch.setattr(
+        JsonSchema, "_parse", lambda self, v: parsed.extend(v.to_pylist()) or parse(self, v)
+    )
+    good = [value(user_id=f"u{i}", ts=i, ok=None if i % 2 else True) for i in range(1_000)]
+    assert SCHEMA.decode(pa.array(good, pa.binary())).rows.tolist() == list(range(1_000))
+    assert parsed == []
+
+    odd = b'{"ts": -0, "user_id": "neg", "n": 0}'
+    decoded = SCHEMA.decode(pa.array([*good[:5], odd, value(ts="x"), *good[5:9]], pa.binary()))
+    assert parsed[0] == odd
+    assert decoded.rows.tolist() == [0, 1, 2, 3, 4, 5, 7, 8, 9, 10]
+    assert decoded.table.column("user_id").to_pylist()[5] == "neg"
+    assert [row for row, _ in decoded.bad] == [6]
+
+
+#: JSON text a fuzzer combines into values: the edges where parsers disagree.
+_SCALARS = [
+    "0", "-0", "1", "-1", "2147483647", "2147483648", "-2147483649", "9223372036854775807",
+    "9223372036854775808", "-9223372036854775809", "18446744073709551616", "1.5", "-0.0",
+    "1e3", "1E-3", "1e400", "-1e400", "4.9e-324", "2.2250738585072014e-308",
+    "9007199254740993", "0.1", "NaN", "Infinity", "-Infinity", "01", "1.", ".5", "+1",
+    "true", "false", "null", "tru", '""', '"a"', '"\\u00e9"', '"\\ud83d\\ude00"',
+    '"\\ud800"', '"\\n\\t"', '"\t"', '"\u00e9"', '"\U0001F600"', "[]", "{}",
+    '[1, {"a": 2}]', '{"ts": 1}',
+]  # fmt: skip
+_NAMES = ['"user_id"', '"ts"', '"amount"', '"n"', '"ok"', '"other"', '"\\u0074s"', '"TS"']
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from(_NAMES), st.sampled_from(_SCALARS)), max_size=7).map(
+            lambda pairs: "{" + ", ".join(f"{k}: {v}" for k, v in pairs) + "}"
+        ),
+        min_size=1,
+        max_size=12,
+    ).map(lambda texts: [*texts, value().decode()]),
+    st.sampled_from([b"", b" ", b"\n", b" x", b"\xff"]),
+)
+def test_any_value_decodes_as_the_reference_decodes_it(texts, tail) -> None:
+    """Values built from the JSON edges where parsers part (``-0``, integers past 64
+    bits, exponents, ``NaN``, lone surrogates, escaped names, duplicates, trailing bytes):
+    whatever path each takes, every row and every error is the reference's."""
+    values = [t.encode() + (tail if i % 3 == 0 else b"") for i, t in enumerate(texts)]
+    expected_rows, expected_bad = [], []
+    for i, raw in enumerate(values):
+        try:
+            expected_rows.append((i, SCHEMA.decode_record(raw)))
+        except SchemaMismatch as e:
+            expected_bad.append((i, str(e)))
+    decoded = SCHEMA.decode(pa.array(values, pa.binary()))
+    got = list(zip(decoded.rows.tolist(), decoded.table.to_pylist(), strict=True))
+    assert _same(got, expected_rows)
+    assert decoded.bad == expected_bad
+
+
+def _same(got: list, expected: list) -> bool:
+    """Rows equal, a NaN equal to a NaN."""
+    return json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
 
 
 def test_decoding_an_empty_batch_gives_the_declared_columns() -> None:

@@ -14,6 +14,14 @@ The decoding is the same whichever reader read Kafka (both hand stage 1 the raw 
 bytes), so both readers give the same records and the same dead letters by construction.
 How a batch is decoded:
 
+0. with the native extension (``microbatch_native.decode_json``, Rust's serde_json), each
+   value is parsed once straight into the declared columns, and *accepted* only where its
+   verdict is certain to be Python's: an object whose declared fields are present (or
+   null, when nullable) and of exactly the declared type. Every other value — bad, odd
+   (``-0``, ``NaN``, an integer past 64 bits) or unknown to serde_json — takes the steps
+   below, so the fast path can only be faster, never decide otherwise. Half the CPU of
+   step 1 or less (Nexmark's bids: 0.52 against 1.16 µs a value,
+   ``bench/bench_json_decode.py``);
 1. values without a line break are joined into one newline-delimited buffer and parsed
    by ``pyarrow.json`` with the declared types (strict: a number is never a string);
 2. a block that fails to parse, or parses into another number of rows than it has
@@ -65,6 +73,19 @@ def _arrow_type(kind: str) -> pa.DataType:
 
 _BOUNDS = {"long": (-(2**63), 2**63 - 1), "int": (-(2**31), 2**31 - 1)}
 _LEAF_ROWS = 16  # a failing block this small: each value is parsed on its own
+
+
+#: Declared type → its number in ``microbatch_native.decode_json``.
+_NATIVE_KINDS = {"string": 0, "long": 1, "int": 2, "double": 3, "boolean": 4}
+
+
+def _native_decoder() -> Any:
+    """``microbatch_native.decode_json``, or None without the extension."""
+    try:
+        from microbatch_native import decode_json
+    except ImportError:
+        return None
+    return decode_json
 
 
 class SchemaMismatch(ValueError):
@@ -213,6 +234,50 @@ class JsonSchema:
         """The non-null binary ``values`` as columns (see the module docstring)."""
         if values.null_count:
             raise ValueError("JsonSchema.decode takes non-null values (tombstones are not JSON)")
+        native = _native_decoder()
+        if native is None or not len(values):
+            return self._decode_arrow(values)
+        accepted, table = self._decode_native(native, values)
+        if accepted.all():
+            return Decoded(table, np.arange(len(values), dtype=np.int64), [])
+        deferred = np.nonzero(~accepted)[0]
+        rest = self._decode_arrow(values.take(pa.array(deferred)))
+        rows = np.concatenate([np.nonzero(accepted)[0], deferred[rest.rows]])
+        order = np.argsort(rows, kind="stable")
+        return Decoded(
+            pa.concat_tables([table, rest.table]).take(pa.array(order)),
+            rows[order],
+            [(int(deferred[row]), error) for row, error in rest.bad],
+        )
+
+    def _decode_native(self, native: Any, values: pa.Array) -> tuple[np.ndarray, pa.Table]:
+        """(accepted per value, the accepted values' columns) from the extension."""
+        n = len(values)
+        offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset :][: n + 1]
+        data = values.buffers()[2]
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        flags, columns = native(
+            offsets,
+            raw,
+            list(self.fields),
+            [_NATIVE_KINDS[kind] for kind in self.fields.values()],
+            [name in self.nullable for name in self.fields],
+        )
+        accepted = np.frombuffer(flags, dtype=np.uint8).astype(bool)
+        rows = int(accepted.sum())
+        arrays = []
+        for field, (validity, nulls, values_buffer, value_offsets) in zip(
+            self.arrow_schema, columns, strict=True
+        ):
+            buffers = [None if validity is None else pa.py_buffer(validity)]
+            if value_offsets is not None:
+                buffers.append(pa.py_buffer(value_offsets))
+            buffers.append(pa.py_buffer(values_buffer))
+            arrays.append(pa.Array.from_buffers(field.type, rows, buffers, null_count=nulls))
+        return accepted, pa.Table.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _decode_arrow(self, values: pa.Array) -> Decoded:
+        """``values`` decoded by ``pyarrow.json`` and, where it refuses, by Python."""
         schema = self._parse_schema
         pieces: list[tuple[int, pa.Table | None, Any]] = []  # (first row, table | None, row)
         start = 0
