@@ -103,6 +103,18 @@ def test_each_bad_value_is_a_mismatch_that_names_the_field(raw, field, words) ->
         assert repr(field) in str(caught.value)
 
 
+def reference(values: list[bytes]) -> tuple[list, list]:
+    """(position, record) of every value the per-record reference takes, and (position,
+    error) of every one it refuses."""
+    rows, bad = [], []
+    for i, raw in enumerate(values):
+        try:
+            rows.append((i, SCHEMA.decode_record(raw)))
+        except SchemaMismatch as e:
+            bad.append((i, str(e)))
+    return rows, bad
+
+
 @pytest.fixture(params=["native", "arrow"])
 def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each decoding test runs with the native fast path and without it (pyarrow.json and
@@ -126,12 +138,7 @@ def test_arrow_decoding_equals_the_reference_value_by_value_however_split(decode
     ]
     values = [*good[:10], *[b for b, _, _ in BAD], *good[10:20], *odd, *good[20:]]
 
-    expected_rows, expected_bad = [], []
-    for i, raw in enumerate(values):
-        try:
-            expected_rows.append((i, SCHEMA.decode_record(raw)))
-        except SchemaMismatch as e:
-            expected_bad.append((i, str(e)))
+    expected_rows, expected_bad = reference(values)
     for size in (len(values), 7, 1):
         rows, bad = [], []
         for start in range(0, len(values), size):
@@ -218,12 +225,7 @@ def test_any_value_decodes_as_the_reference_decodes_it(texts, tail) -> None:
     bits, exponents, ``NaN``, lone surrogates, escaped names, duplicates, trailing bytes):
     whatever path each takes, every row and every error is the reference's."""
     values = [t.encode() + (tail if i % 3 == 0 else b"") for i, t in enumerate(texts)]
-    expected_rows, expected_bad = [], []
-    for i, raw in enumerate(values):
-        try:
-            expected_rows.append((i, SCHEMA.decode_record(raw)))
-        except SchemaMismatch as e:
-            expected_bad.append((i, str(e)))
+    expected_rows, expected_bad = reference(values)
     decoded = SCHEMA.decode(pa.array(values, pa.binary()))
     got = list(zip(decoded.rows.tolist(), decoded.table.to_pylist(), strict=True))
     assert _same(got, expected_rows)

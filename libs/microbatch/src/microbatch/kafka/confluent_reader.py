@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -120,11 +120,37 @@ def confluent_problem(config: Mapping[str, Any] | None) -> str | None:
     """Why ``KafkaSource(reader="auto")`` cannot read with confluent-kafka here (None: it
     can): :func:`check_confluent`'s error. The executors run the same environment as the
     driver (confluent-kafka is one of microbatch's dependencies)."""
+    return problem_of(check_confluent, config)
+
+
+def problem_of(check: Callable[[Mapping[str, Any] | None], None],
+               config: Mapping[str, Any] | None) -> str | None:  # fmt: skip
+    """``check(config)``'s :class:`ConfigError` as text; None when it passes."""
     try:
-        check_confluent(config)
+        check(config)
     except ConfigError as exc:
         return str(exc)
     return None
+
+
+def refused_login(where: str, reason: str) -> SourceError:
+    """The error of a range whose broker refused the client's credentials (either
+    librdkafka reader), saying what to check."""
+    return SourceError(
+        f"reading {where}: the broker refused the connection ({reason}). "
+        "Check MICROBATCH_KAFKA_SECURITY_PROTOCOL, MICROBATCH_KAFKA_SASL_* and "
+        "MICROBATCH_KAFKA_SSL_CAFILE (or the Airflow connection)."
+    )
+
+
+def no_progress(where: str, waited_s: float, offset: int, end: int, last: str) -> SourceError:
+    """The error of a range whose read stalled at ``offset`` for ``waited_s`` (``last``:
+    the client's last error, if any)."""
+    return SourceError(
+        f"reading {where}: no progress for {waited_s:.0f} s at offset {offset} (wanted up "
+        f"to {end}). Is the broker reachable, and was the range planned against this "
+        f"cluster's end offsets?{f' Last client error: {last}.' if last else ''}"
+    )
 
 
 def check_confluent(config: Mapping[str, Any] | None) -> None:
@@ -280,20 +306,12 @@ def read_range_confluent(
                         yield batch  # the messages freed first: see microbatch.gcpause
             failed = [e for e in client_errors if e.code() in auth]
             if failed:
-                raise SourceError(
-                    f"reading {where}: the broker refused the connection ({failed[0].str()}). "
-                    "Check MICROBATCH_KAFKA_SECURITY_PROTOCOL, MICROBATCH_KAFKA_SASL_* and "
-                    "MICROBATCH_KAFKA_SSL_CAFILE (or the Airflow connection)."
-                )
+                raise refused_login(where, failed[0].str())
             if seen > before:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > poll_timeout_s:
-                last = f" Last client error: {client_errors[-1].str()}." if client_errors else ""
-                raise SourceError(
-                    f"reading {where}: no progress for {poll_timeout_s:.0f} s at offset {seen} "
-                    f"(wanted up to {r.end}). Is the broker reachable, and was the range "
-                    f"planned against this cluster's end offsets?{last}"
-                )
+                last = client_errors[-1].str() if client_errors else ""
+                raise no_progress(where, poll_timeout_s, seen, r.end, last)
         if pending:
             yield _batch(r.topic, r.partition, pending, source_only)
     finally:

@@ -23,7 +23,14 @@ from typing import Any
 import pyarrow as pa
 
 from microbatch.errors import ConfigError, SourceError
-from microbatch.kafka.confluent_reader import CONSUME_WAIT_S, librdkafka_config, range_settings
+from microbatch.kafka.confluent_reader import (
+    CONSUME_WAIT_S,
+    librdkafka_config,
+    no_progress,
+    problem_of,
+    range_settings,
+    refused_login,
+)
 from microbatch.kafka.offsets import OffsetRange
 from microbatch.kafka.reader import HEADER_TYPE, KAFKA_SCHEMA, deleted_start
 
@@ -39,11 +46,7 @@ _INSTALL = (
 def native_problem(config: Mapping[str, Any] | None) -> str | None:
     """Why ``KafkaSource(reader="auto")`` cannot read with the native reader here (None:
     it can): :func:`check_native`'s error."""
-    try:
-        check_native(config)
-    except ConfigError as exc:
-        return str(exc)
-    return None
+    return problem_of(check_native, config)
 
 
 def check_native(config: Mapping[str, Any] | None) -> None:
@@ -117,24 +120,16 @@ def _batch(r: OffsetRange, buffers: tuple[Any, ...]) -> pa.RecordBatch:
     )
 
 
-def _failure(where: str, waited_s: float, kind: str, message: str, offset: int) -> Exception:
-    """The error of a read the extension stopped (``ReadError``'s kind, text, offset;
-    ``waited_s``: the no-progress timeout)."""
+def _failure(r: OffsetRange, where: str, waited_s: float, kind: str, message: str,
+             offset: int) -> Exception:  # fmt: skip
+    """The error of a read of ``r`` the extension stopped (``ReadError``'s kind, text,
+    offset; ``waited_s``: the no-progress timeout)."""
     if kind == "deleted":
         return deleted_start(where, offset)
     if kind == "auth":
-        return SourceError(
-            f"reading {where}: the broker refused the connection ({message}). "
-            "Check MICROBATCH_KAFKA_SECURITY_PROTOCOL, MICROBATCH_KAFKA_SASL_* and "
-            "MICROBATCH_KAFKA_SSL_CAFILE (or the Airflow connection)."
-        )
+        return refused_login(where, message)
     if kind == "stalled":
-        last = f" Last client error: {message}." if message else ""
-        return SourceError(
-            f"reading {where}: no progress for {waited_s:.0f} s at offset {offset}. Is the "
-            "broker reachable, and was the range planned against this cluster's end "
-            f"offsets?{last}"
-        )
+        return no_progress(where, waited_s, offset, r.end, message)
     if kind == "config":
         return SourceError(f"reading {where}: cannot create a Kafka consumer: {message}")
     return SourceError(f"reading {where} at offset {offset}: {message}")
@@ -178,13 +173,13 @@ def read_range_native(
             source_only,
         )
     except microbatch_native.ReadError as exc:
-        raise _failure(where, poll_timeout_s, *exc.args) from None
+        raise _failure(r, where, poll_timeout_s, *exc.args) from None
     try:
         while True:
             try:
                 buffers = reader.next_batch()
             except microbatch_native.ReadError as exc:
-                raise _failure(where, poll_timeout_s, *exc.args) from None
+                raise _failure(r, where, poll_timeout_s, *exc.args) from None
             if buffers is None:
                 return
             yield _batch(r, buffers)
