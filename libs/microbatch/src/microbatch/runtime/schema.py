@@ -221,10 +221,14 @@ class JsonSchema:
             or (kind == "double" and type(v) in (int, float) and _fits_double(v))
         )
         if not ok:
-            shown = json.dumps(v)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
             raise SchemaMismatch(
-                name, f"field {name!r}: expected {kind}, got {_json_kind(v)} {shown}"
+                name, f"field {name!r}: expected {kind}, got {_json_kind(v)} {_shown(v)}"
+            )
+        if kind == "string" and not v.isascii() and not _is_text(v):
+            # JSON may escape half a UTF-16 pair ("\ud800"); json takes it, Arrow cannot
+            # hold it (nor any UTF-8 sink): a dead letter, never a failed batch.
+            raise SchemaMismatch(
+                name, f"field {name!r}: a lone UTF-16 surrogate in the string {_shown(v)}"
             )
         return float(v) if kind == "double" else v
 
@@ -410,6 +414,21 @@ def _runs(flags: np.ndarray) -> list[tuple[bool, int]]:
     starts = [0, *edges.tolist()]
     ends = [*edges.tolist(), len(flags)]
     return [(bool(flags[s]), e - s) for s, e in zip(starts, ends, strict=True)]
+
+
+def _shown(v: Any) -> str:
+    """A JSON value as an error shows it: its JSON, cut at 40 characters."""
+    shown = json.dumps(v)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _is_text(v: str) -> bool:
+    """Whether ``v`` is encodable as UTF-8 (holds no lone surrogate)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _fits_double(v: int | float) -> bool:
