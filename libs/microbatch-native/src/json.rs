@@ -16,6 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
+use crate::arrow::{as_bytes, Binary, Bitmap};
+
 /// Declared kinds, as `schema.py` numbers them for this module.
 const STRING: u8 = 0;
 const LONG: u8 = 1;
@@ -35,96 +37,69 @@ enum Slot {
     Bool(bool),
 }
 
+/// A declared field's values, by kind.
+enum Values {
+    Str(Binary),
+    Long(Vec<i64>),
+    Int(Vec<i32>),
+    Double(Vec<f64>),
+    Bool(Bitmap),
+}
+
 /// A declared field's column of accepted values: Arrow's validity bitmap and values.
 struct Column {
-    kind: u8,
     nullable: bool,
-    validity: Vec<u8>,
-    nulls: usize,
-    offsets: Vec<i32>,
-    bytes: Vec<u8>,
-    longs: Vec<i64>,
-    ints: Vec<i32>,
-    doubles: Vec<f64>,
-    bools: Vec<u8>,
-    rows: usize,
+    validity: Bitmap,
+    values: Values,
 }
 
 impl Column {
     fn new(kind: u8, nullable: bool) -> Self {
+        let values = match kind {
+            STRING => Values::Str(Binary::with_capacity(0)),
+            LONG => Values::Long(Vec::new()),
+            INT => Values::Int(Vec::new()),
+            DOUBLE => Values::Double(Vec::new()),
+            _ => Values::Bool(Bitmap::default()),
+        };
         Column {
-            kind,
             nullable,
-            validity: Vec::new(),
-            nulls: 0,
-            offsets: vec![0],
-            bytes: Vec::new(),
-            longs: Vec::new(),
-            ints: Vec::new(),
-            doubles: Vec::new(),
-            bools: Vec::new(),
-            rows: 0,
+            validity: Bitmap::default(),
+            values,
         }
     }
 
+    /// Appends an accepted value's slot (absent or null: a null, its value slot empty).
     fn push(&mut self, slot: Slot, scratch: &[u8]) {
-        let row = self.rows;
-        self.rows += 1;
-        if row.is_multiple_of(8) {
-            self.validity.push(0);
-            if self.kind == BOOLEAN {
-                self.bools.push(0);
-            }
-        }
-        let valid = !matches!(slot, Slot::Absent | Slot::Null);
-        if valid {
-            self.validity[row / 8] |= 1 << (row % 8);
-        } else {
-            self.nulls += 1;
-        }
-        match (self.kind, slot) {
-            (STRING, Slot::Str(a, b)) => self.bytes.extend_from_slice(&scratch[a..b]),
-            (LONG, Slot::Long(v)) => self.longs.push(v),
-            (LONG, _) => self.longs.push(0),
-            (INT, Slot::Long(v)) => self.ints.push(v as i32),
-            (INT, _) => self.ints.push(0),
-            (DOUBLE, Slot::Double(v)) => self.doubles.push(v),
-            (DOUBLE, _) => self.doubles.push(0.0),
-            (BOOLEAN, Slot::Bool(true)) => self.bools[row / 8] |= 1 << (row % 8),
-            _ => {}
-        }
-        if self.kind == STRING {
-            self.offsets.push(self.bytes.len() as i32);
+        self.validity
+            .push(!matches!(slot, Slot::Absent | Slot::Null));
+        match (&mut self.values, slot) {
+            (Values::Str(v), Slot::Str(a, b)) => v.push(Some(&scratch[a..b])),
+            (Values::Str(v), _) => v.push(None),
+            (Values::Long(v), Slot::Long(x)) => v.push(x),
+            (Values::Long(v), _) => v.push(0),
+            (Values::Int(v), Slot::Long(x)) => v.push(x as i32),
+            (Values::Int(v), _) => v.push(0),
+            (Values::Double(v), Slot::Double(x)) => v.push(x),
+            (Values::Double(v), _) => v.push(0.0),
+            (Values::Bool(v), slot) => v.push(matches!(slot, Slot::Bool(true))),
         }
     }
 
     /// (validity or None, null count, values buffer, offsets or None) as Python objects.
     fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let validity = if self.nulls == 0 {
-            py.None()
-        } else {
-            PyBytes::new(py, &self.validity).into_any().unbind()
-        };
-        let (values, offsets) = match self.kind {
-            STRING => (
-                PyBytes::new(py, &self.bytes),
-                PyBytes::new(py, as_bytes(&self.offsets))
-                    .into_any()
-                    .unbind(),
+        let (validity, nulls) = self.validity.validity(py);
+        let (values, offsets) = match &self.values {
+            Values::Str(v) => (
+                PyBytes::new(py, &v.data),
+                PyBytes::new(py, as_bytes(&v.offsets)).into_any().unbind(),
             ),
-            LONG => (PyBytes::new(py, as_bytes(&self.longs)), py.None()),
-            INT => (PyBytes::new(py, as_bytes(&self.ints)), py.None()),
-            DOUBLE => (PyBytes::new(py, as_bytes(&self.doubles)), py.None()),
-            _ => (PyBytes::new(py, &self.bools), py.None()),
+            Values::Long(v) => (PyBytes::new(py, as_bytes(v)), py.None()),
+            Values::Int(v) => (PyBytes::new(py, as_bytes(v)), py.None()),
+            Values::Double(v) => (PyBytes::new(py, as_bytes(v)), py.None()),
+            Values::Bool(v) => (v.bytes(py), py.None()),
         };
-        (validity, self.nulls, values, offsets).into_pyobject(py)
-    }
-}
-
-fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
-    // SAFETY: plain numbers, read as their native-endian bytes (Arrow's layout).
-    unsafe {
-        std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+        (validity, nulls, values, offsets).into_pyobject(py)
     }
 }
 

@@ -18,7 +18,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use rdkafka_sys as rd;
 
+mod arrow;
 mod json;
+
+use arrow::{as_bytes, BinaryColumn};
 
 create_exception!(
     microbatch_native,
@@ -71,71 +74,6 @@ fn error_name(code: i32) -> String {
     text.to_string_lossy().into_owned()
 }
 
-/// A binary (or string) column under construction: Arrow's validity bitmap, 32-bit
-/// offsets and data.
-#[derive(Default)]
-struct BinaryColumn {
-    validity: Vec<u8>,
-    nulls: usize,
-    offsets: Vec<i32>,
-    data: Vec<u8>,
-}
-
-impl BinaryColumn {
-    fn with_capacity(rows: usize) -> Self {
-        let mut offsets = Vec::with_capacity(rows + 1);
-        offsets.push(0);
-        BinaryColumn {
-            validity: Vec::with_capacity(rows / 8 + 1),
-            nulls: 0,
-            offsets,
-            data: Vec::new(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.offsets.len() - 1
-    }
-
-    fn push(&mut self, value: Option<&[u8]>) {
-        let row = self.len();
-        if row.is_multiple_of(8) {
-            self.validity.push(0);
-        }
-        match value {
-            Some(bytes) => {
-                self.validity[row / 8] |= 1 << (row % 8);
-                self.data.extend_from_slice(bytes);
-            }
-            None => self.nulls += 1,
-        }
-        self.offsets.push(self.data.len() as i32);
-    }
-
-    /// (validity or None when nothing is null, null count, offsets, data) as Python bytes.
-    fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let validity = if self.nulls == 0 {
-            py.None()
-        } else {
-            PyBytes::new(py, &self.validity).into_any().unbind()
-        };
-        (
-            validity,
-            self.nulls,
-            PyBytes::new(py, as_bytes(&self.offsets)),
-            PyBytes::new(py, &self.data),
-        )
-            .into_pyobject(py)
-    }
-}
-
-fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
-    // SAFETY: plain integers, read as their native-endian bytes (Arrow's layout).
-    unsafe {
-        std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
-    }
-}
-
 unsafe fn slice<'a>(data: *const c_void, len: usize) -> Option<&'a [u8]> {
     if data.is_null() {
         None
@@ -175,7 +113,8 @@ impl Columns {
     /// Whether a message's key or value would take the keys' or the values' bytes past
     /// `limit` (at most what the 32-bit offsets of `binary` address).
     fn would_overflow(&self, key_len: usize, value_len: usize, limit: usize) -> bool {
-        self.keys.data.len() + key_len > limit || self.values.data.len() + value_len > limit
+        self.keys.values.data.len() + key_len > limit
+            || self.values.values.data.len() + value_len > limit
     }
 
     unsafe fn push(&mut self, msg: *mut rd::rd_kafka_message_t, source_only: bool) {
