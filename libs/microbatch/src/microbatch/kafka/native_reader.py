@@ -33,6 +33,7 @@ from microbatch.kafka.confluent_reader import (
 )
 from microbatch.kafka.offsets import OffsetRange
 from microbatch.kafka.reader import HEADER_TYPE, KAFKA_SCHEMA, deleted_start
+from microbatch.native_buffers import array_of
 
 _HEADERS_TYPE = KAFKA_SCHEMA.field("headers").type
 #: The most key (or value) bytes one batch can hold: ``binary``'s offsets are 32-bit.
@@ -81,14 +82,7 @@ def _text(value: Any) -> str:
 def _binary(type_: pa.DataType, buffers: tuple[Any, ...]) -> pa.Array:
     """A binary or string array from the extension's (validity, nulls, offsets, data)."""
     validity, nulls, offsets, data = buffers
-    rows = len(offsets) // 4 - 1
-    return pa.Array.from_buffers(
-        type_,
-        rows,
-        [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets),
-         pa.py_buffer(data)],
-        null_count=nulls,
-    )  # fmt: skip
+    return array_of(type_, len(offsets) // 4 - 1, data, validity, nulls, offsets)
 
 
 def _batch(r: OffsetRange, buffers: tuple[Any, ...]) -> pa.RecordBatch:
@@ -98,13 +92,13 @@ def _batch(r: OffsetRange, buffers: tuple[Any, ...]) -> pa.RecordBatch:
         times = pa.nulls(rows, pa.int64())
         all_headers = pa.nulls(rows, _HEADERS_TYPE)
     else:
-        times = pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(timestamps)])
+        times = array_of(pa.int64(), rows, timestamps)
         list_offsets, names, contents = headers
         entries = pa.StructArray.from_arrays(
             [_binary(pa.string(), names), _binary(pa.binary(), contents)],
             fields=list(HEADER_TYPE),
         )
-        starts = pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(list_offsets)])
+        starts = array_of(pa.int32(), rows + 1, list_offsets)
         all_headers = pa.ListArray.from_arrays(starts, entries, type=_HEADERS_TYPE)
     return pa.RecordBatch.from_arrays(
         [
@@ -112,7 +106,7 @@ def _batch(r: OffsetRange, buffers: tuple[Any, ...]) -> pa.RecordBatch:
             _binary(pa.binary(), values),
             pa.repeat(pa.scalar(r.topic, pa.string()), rows),
             pa.repeat(pa.scalar(r.partition, pa.int32()), rows),
-            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(offsets)]),
+            array_of(pa.int64(), rows, offsets),
             times,
             all_headers,
         ],

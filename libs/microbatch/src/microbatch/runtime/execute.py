@@ -209,9 +209,8 @@ class SparkExecutor:
         auto = requested == "auto"
         native = native_problem(config) if auto else "unused"
         librdkafka = confluent_problem(config) if auto and native is not None else "unused"
-        chosen_before = requested in ("python", "confluent", "native") or None in (
-            native,
-            librdkafka,
+        chosen_before = (
+            requested in ("python", "confluent", "native") or native is None or librdkafka is None
         )
         problem = None if chosen_before else connector_problem(self.spark)
         reader = choose_reader(self.pipeline.name, requested, problem, librdkafka, native)

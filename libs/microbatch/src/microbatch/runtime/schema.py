@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from microbatch.errors import ConfigError
+from microbatch.native_buffers import array_of
 
 __all__ = ["SCHEMA_MISMATCH", "Decoded", "JsonSchema", "SchemaMismatch", "ValueSchema", "kind_of"]
 
@@ -269,15 +270,12 @@ class JsonSchema:
         )
         accepted = np.frombuffer(flags, dtype=np.uint8).astype(bool)
         rows = int(accepted.sum())
-        arrays = []
-        for field, (validity, nulls, values_buffer, value_offsets) in zip(
-            self.arrow_schema, columns, strict=True
-        ):
-            buffers = [None if validity is None else pa.py_buffer(validity)]
-            if value_offsets is not None:
-                buffers.append(pa.py_buffer(value_offsets))
-            buffers.append(pa.py_buffer(values_buffer))
-            arrays.append(pa.Array.from_buffers(field.type, rows, buffers, null_count=nulls))
+        arrays = [
+            array_of(field.type, rows, data, validity, nulls, offsets)
+            for field, (validity, nulls, data, offsets) in zip(
+                self.arrow_schema, columns, strict=True
+            )
+        ]
         return accepted, pa.Table.from_arrays(arrays, schema=self.arrow_schema)
 
     def _decode_arrow(self, values: pa.Array) -> Decoded:
