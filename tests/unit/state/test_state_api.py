@@ -223,3 +223,31 @@ def test_rows_round_trip_through_import(backend, clock):
     other.import_rows(ctx.key_group, rows)
     assert other.describe_key("a") == {"v": 1, "l": [1, 2], "m": {"x": [1]}, "timers": [9]}
     assert other.dirty == set()
+
+
+@pytest.mark.parametrize("ttl", [None, 5.0])
+def test_many_keys_set_at_once_hold_what_setting_each_would(ttl) -> None:
+    """``KeyedValues.set_many`` (a table join's write of a batch's keys) leaves the same
+    values, the same changed keys and the same expiry as ``set`` on each key."""
+    from microbatch.state.handles import KeyedValues
+
+    now = [100.0]
+    one, many = (KeyedStateBackend(16, KeyGroupRange(0, 15), clock=lambda: now[0]) for _ in "ab")
+    keys = [f"k{i}" for i in range(40)]
+    for k in keys:
+        one.for_key(k).value("v", ttl).set({"k": k})
+    placed = [encode_key(k) for k in keys]
+    spec = many.declare("v", "value", ttl)
+    values = KeyedValues(many, spec, [key_group(k, 16) for k in keys], placed)
+    values.set_many(list(range(40)), [{"k": k} for k in keys])
+
+    def held(b: KeyedStateBackend) -> list:
+        return [b.export_rows(kg) for kg in range(16)]
+
+    assert held(many) == held(one)
+    assert (many.dirty, many.dirty_keys) == (one.dirty, one.dirty_keys)
+    now[0] += 10  # past the TTL, if any
+    one.prune_expired()
+    many.prune_expired()
+    assert held(many) == held(one)
+    assert any(r["key"] for r in held(one)) == (ttl is None)

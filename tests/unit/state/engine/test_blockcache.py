@@ -186,3 +186,17 @@ def test_a_run_kept_from_the_encoders_batches_reads_as_one_decoded(store, tmp_pa
         keys = [k for k, _ in entries]
         assert lookup(reader, [ref], keys) == dict(entries), name
         assert reader.stats.requests == 0, name
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad header"])
+def test_a_corrupt_copy_of_a_run_this_process_wrote_is_an_error(store, tmp_path, damage) -> None:
+    entries = [(key(1, n), b"v%d" % n) for n in range(3000)]
+    data, index = encode_run(entries, block_bytes=512)
+    ref = RunRef("runs/mine.arrow", "runs/mine.index.arrow", 0, 15, len(data))
+    BlockCache(store, tmp_path / "cache").keep_run(ref, data, index.to_bytes())
+    [copy] = [p for p in (tmp_path / "cache").rglob("blocks")]
+    body = copy.read_bytes()
+    copy.write_bytes(body[:-3] if damage == "truncated" else b"\xff\xff\xff\xff" + body[4:])
+
+    with pytest.raises(CheckpointError, match=r"runs/mine.arrow .*in .* is corrupt"):
+        lookup(BlockCache(store, tmp_path / "cache"), [ref], [entries[-1][0]])

@@ -10,6 +10,7 @@ import pytest
 from microbatch.checkpoint import Layout
 from microbatch.keygroups import encode_key, key_group_range
 from microbatch.state import KeyedStateBackend
+from microbatch.state.engine import instance
 from microbatch.state.engine.blockcache import BlockCache, RunRef
 from microbatch.state.engine.bundle import state_key
 from microbatch.state.engine.instance import (
@@ -199,3 +200,41 @@ def test_processing_time_timers_have_their_own_index_apart_from_event_time(store
     left = load_due_timers(again.cache, again.runs, again.backend, 9_999, again.loaded,
                            PROCESSING_TIMER)  # fmt: skip
     assert left == 0
+
+
+@pytest.mark.parametrize("ttl", [None, 60.0])
+def test_keys_of_one_value_state_get_the_entries_their_exported_rows_would(store, ttl) -> None:
+    """The many-keys write (one value state, no timers: a table join's table) builds the
+    same entries and key counts as exporting each key's rows: loaded keys kept, changed,
+    cleared; new keys; a key changed without being loaded; values long and short."""
+    runs = run_batch(store, [], 1, 0, users(50), Instance.count)
+
+    def loaded_batch() -> Instance:
+        inst = Instance(store, runs, 1, 0)
+        load_keys(inst.cache, runs, inst.backend, [encode_key(u) for u in users(80)], inst.loaded)
+        for i, u in enumerate(users(80)):
+            state = inst.backend.for_key(u).value("n", ttl=ttl)
+            if i % 5 == 0:
+                state.clear()
+            elif i % 3:
+                state.set({"i": i, "blob": "x" * (i * 997 % 70_000), "many": list(range(i))})
+        inst.backend.for_key("unloaded").value("n", ttl=ttl).set(1)
+        return inst
+
+    fast, per_key = loaded_batch(), loaded_batch()
+    assert instance._value_entries(per_key.backend, Loaded()) is not None  # the fast path's
+
+    expected = instance._entries_per_key(per_key.backend, per_key.loaded)
+    assert changed_entries(fast.backend, fast.loaded) == sorted(expected)
+    assert fast.loaded.key_count_changes == per_key.loaded.key_count_changes != {}
+
+
+def test_keys_with_timers_or_several_states_are_written_row_by_row(store) -> None:
+    inst = Instance(store, [], 1, 0)
+    inst.backend.for_key("a").value("n").set(1)
+    assert instance._value_entries(inst.backend, inst.loaded) is not None
+    inst.backend.for_key("a").register_timer(5)
+    assert instance._value_entries(inst.backend, inst.loaded) is None
+    inst.backend.for_key("a").delete_timer(5)
+    inst.backend.for_key("b").list("seen").add(1)
+    assert instance._value_entries(inst.backend, inst.loaded) is None

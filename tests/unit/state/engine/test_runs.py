@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pyarrow as pa
 import pytest
@@ -87,6 +88,41 @@ def test_a_corrupt_block_is_an_error_naming_it_never_an_empty_state() -> None:
 def test_entries_out_of_order_are_refused() -> None:
     with pytest.raises(ValueError, match="out of order"):
         encode_run([(composite(1, b"b"), b""), (composite(1, b"a"), b"")])
+
+
+@pytest.mark.parametrize("at", [1, 6, 7, 8, 12])  # inside a chunk, and across one
+def test_entries_out_of_order_are_refused_wherever_they_are(monkeypatch, at: int) -> None:
+    monkeypatch.setattr(runs, "_CHUNK", 7)
+    rows = entries(20)
+    rows[at] = (rows[at - 1][0], b"again")  # the same key twice is out of order too
+    with pytest.raises(ValueError, match=re.escape(f"out of order: {rows[at][0]!r} after")):
+        encode_run(iter(rows), block_bytes=1)
+
+
+def test_a_run_has_the_same_blocks_however_its_entries_are_taken_in_chunks(monkeypatch) -> None:
+    """Blocks are cut on bytes, never on where a chunk of entries happened to end; a long
+    stream (a merge's) is taken a chunk at a time."""
+    rows = [*entries(3000), (composite(16, b"deleted"), None), (composite(16, b"z"), b"v" * 5000)]
+    _, whole = encode_run(iter(rows), block_bytes=700)
+    monkeypatch.setattr(runs, "_CHUNK", 37)
+
+    plain: list[pa.RecordBatch] = []
+    data, index = encode_run(iter(rows), block_bytes=700, plain=plain)
+
+    def spans(i: runs.RunIndex) -> list[tuple[bytes, bytes, int]]:
+        return [(b.first, b.last, b.rows) for b in i.blocks]
+
+    assert spans(index) == spans(whole)
+    assert [e for b in range(len(index.blocks)) for e in read(data, index, b)] == rows
+    assert pa.Table.from_batches(plain).num_rows == len(rows)
+    sizes, expected = 0, [0]  # a block ends at the entry that takes it to 700 bytes
+    for key, value in rows:
+        expected[-1] += 1
+        sizes += len(key) + len(value or b"")
+        if sizes >= 700:
+            sizes = 0
+            expected.append(0)
+    assert [b.rows for b in index.blocks] == [n for n in expected if n]
 
 
 def test_a_merge_keeps_the_newest_value_and_drops_deletions_only_at_the_bottom() -> None:

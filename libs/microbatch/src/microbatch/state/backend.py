@@ -89,6 +89,16 @@ class KeyedStateBackend:
         if expires is not None and expires < self._min_expiry.get(kg, expires + 1):
             self._min_expiry[kg] = expires
 
+    def touch_many(self, written: Sequence[tuple[int, bytes]], expires: int | None) -> None:
+        """:meth:`touch` of many (key-group, key bytes) written with one expiry."""
+        self.dirty_keys.update(written)
+        groups = {kg for kg, _ in written}
+        self.dirty |= groups
+        if expires is not None:
+            for kg in groups:
+                if expires < self._min_expiry.get(kg, expires + 1):
+                    self._min_expiry[kg] = expires
+
     def declare(self, name: str, kind: Kind, ttl: float | None) -> StateSpec:
         """Declare (or re-declare) state ``name``; its kind can never change."""
         known = self.kinds.get(name)

@@ -36,6 +36,8 @@ class StateTables(Protocol):
 
     def touch(self, kg: int, key_bytes: bytes, expires: int | None) -> None: ...
 
+    def touch_many(self, written: Sequence[tuple[int, bytes]], expires: int | None) -> None: ...
+
     def declare(self, name: str, kind: Kind, ttl: float | None) -> StateSpec: ...
 
     def table(self, kg: int, name: str, create: bool = False) -> dict[bytes, Any] | None: ...
@@ -206,11 +208,14 @@ class KeyedValues:
         """``set`` of ``values[i]`` for key ``keys[i]``, encoded in one go."""
         backend, name = self._backend, self._spec.name
         expires = backend.expiry_for(self._spec)
-        for k, data in zip(keys, encode_values(values), strict=True):
-            kg, kb = self._groups[k], self._bytes[k]
-            table = backend.table(kg, name, create=True)
-            table[kb] = (data, expires)  # type: ignore[index]  # created
-            backend.touch(kg, kb, expires)
+        written = [(self._groups[k], self._bytes[k]) for k in keys]
+        tables: dict[int, dict[bytes, Any]] = {}
+        for (kg, kb), data in zip(written, encode_values(values), strict=True):
+            table = tables.get(kg)
+            if table is None:
+                table = tables[kg] = backend.table(kg, name, create=True)  # type: ignore[assignment]
+            table[kb] = (data, expires)
+        backend.touch_many(written, expires)
 
     def clear(self, k: int) -> None:
         self._one(k).clear()

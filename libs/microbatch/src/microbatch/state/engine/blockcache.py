@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -99,6 +100,11 @@ _KEY_OVERHEAD = 40  # a bytes object and its list slot, about
 COALESCE_GAP = 0
 #: The most one coalesced GET reads.
 COALESCE_MAX = 8 << 20
+#: A run this process wrote is kept on local disk as one file of its blocks, decompressed
+#: (a 4-byte count, count + 1 big-endian 8-byte offsets, then each block's CRC-32 and
+#: body): one file per run instead of one per block — a 100k-key batch's 2,225 blocks took
+#: 0.19 s of file writes. Blocks fetched from the store are kept one file each (``u<n>``).
+_RUN_BLOCKS = "blocks"
 
 
 class DecodedBlock:
@@ -219,8 +225,12 @@ class BlockCache:
         (``keep=False``: not written, e.g. a merge's inputs)."""
         out: dict[int, pa.RecordBatch] = {}
         fetch = []
-        for n in numbers:
-            plain = self._cached(ref.data, f"u{n}")
+        wanted = list(numbers)
+        kept = self._kept_blocks(ref, wanted)
+        for n in wanted:
+            plain = kept.get(n)
+            if plain is None:
+                plain = self._cached(ref.data, f"u{n}")
             if plain is None:
                 fetch.append(n)
                 continue
@@ -275,12 +285,45 @@ class BlockCache:
         self._indexes[ref.index] = parsed
         if plain is not None and len(plain) != len(parsed.blocks):
             plain = None  # not this run's blocks: decode them instead
+        bodies = []
         for n, b in enumerate(parsed.blocks):
             if plain is not None:
-                self._keep_plain(ref, n, plain[n])
-                continue
-            where = f"run {ref.data} block {n}"
-            self._keep_plain(ref, n, decode_batch(data[b.offset : b.offset + b.length], b, where))
+                batch = plain[n]
+            else:
+                where = f"run {ref.data} block {n}"
+                batch = decode_batch(data[b.offset : b.offset + b.length], b, where)
+            body = batch.serialize().to_pybytes()
+            bodies.append(zlib.crc32(body).to_bytes(4, "big") + body)
+        ends = np.cumsum([len(b) for b in bodies], dtype=np.uint64)
+        offsets = np.concatenate([np.zeros(1, np.uint64), ends]).astype(">u8")
+        head = len(bodies).to_bytes(4, "big") + offsets.tobytes()
+        self._keep(ref.data, _RUN_BLOCKS, head + b"".join(bodies))
+
+    def _kept_blocks(self, ref: RunRef, numbers: Sequence[int]) -> dict[int, bytes]:
+        """Blocks ``numbers`` of run ``ref`` from its file of blocks, if a process on this
+        machine wrote the run (:meth:`keep_run`); ``{}`` otherwise."""
+        if self.directory is None or not numbers:
+            return {}
+        path = os.path.join(self._dir(ref.data), _RUN_BLOCKS)
+        try:
+            with open(path, "rb") as f:
+                count = int.from_bytes(f.read(4), "big")
+                base = 4 + 8 * (count + 1)
+                size = os.fstat(f.fileno()).st_size
+                offsets = np.frombuffer(f.read(8 * (count + 1)) if base <= size else b"", ">u8")
+                if len(offsets) != count + 1 or max(numbers) >= count:
+                    raise CheckpointError(
+                        f"the state cache's copy of run {ref.data} in {path} is corrupt (its "
+                        f"header names {count} blocks): delete the cache folder; the store "
+                        "still has the run"
+                    )
+                out = {}
+                for n in numbers:
+                    f.seek(base + int(offsets[n]))
+                    out[n] = f.read(int(offsets[n + 1] - offsets[n]))
+                return out
+        except FileNotFoundError:
+            return {}
 
     def blocks(self, ref: RunRef, numbers: Iterable[int]) -> dict[int, bytes]:
         """The stored bytes of blocks ``numbers`` of run ``ref``, fetched from the store

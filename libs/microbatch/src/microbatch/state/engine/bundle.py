@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from microbatch.errors import CheckpointError
-from microbatch.state.codec import CodecError, decode_value, encode_value
+from microbatch.state.codec import CodecError, decode_value, encode_value, encode_values
 from microbatch.state.engine.runs import composite, split
 
 Row = tuple[Any, ...]
@@ -57,6 +57,13 @@ def encode_bundle(rows: Sequence[Row]) -> bytes | None:
     if not rows:
         return None
     return encode_value([list(r) for r in rows])
+
+
+def value_bundles(name: str, stored: Sequence[tuple[bytes, int | None]]) -> list[bytes]:
+    """The run values of keys whose whole state is value state ``name``, holding the
+    ``stored`` (encoded value, expiry) pairs: :func:`encode_bundle` of their rows, made
+    without exporting them key by key."""
+    return encode_values([[[name, "value", None, data, expires, None]] for data, expires in stored])
 
 
 def decode_bundle(data: bytes, where: str) -> list[Row]:

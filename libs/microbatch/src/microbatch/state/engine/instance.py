@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Protocol
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ from microbatch.state.engine.bundle import (
     state_key,
     timer_key,
     timers_until,
+    value_bundles,
 )
 from microbatch.state.engine.compaction import runs_to_merge
 from microbatch.state.engine.runs import Entry, composite, encode_run, merge, split
@@ -144,6 +146,43 @@ def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
     """The run entries for every key the batch changed, in sort-key order. A key loaded
     without state that has none now gets no entry (no deletion of nothing); a changed key
     that was never loaded always gets one."""
+    out = _value_entries(backend, loaded)
+    if out is None:
+        out = _entries_per_key(backend, loaded)
+    out.sort(key=itemgetter(0))
+    return out
+
+
+def _value_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry] | None:
+    """:func:`_entries_per_key` for the common case of many keys — one value state and no
+    timers, before or after (a table join's table, a running total) — from each key's
+    stored value, without exporting its rows one key at a time: the same entries.
+    None when the state is not of that shape."""
+    if len(backend.kinds) != 1 or backend.timers or backend.processing_timers:
+        return None
+    [(name, kind)] = backend.kinds.items()
+    if kind != "value" or any(loaded.timers.values()) or any(loaded.processing_timers.values()):
+        return None
+    dirty = list(backend.dirty_keys)
+    tables = {kg: group.get(name, {}) for kg, group in backend.groups.items()}
+    stored = [tables.get(kg, {}).get(kb) for kg, kb in dirty]
+    bundles = iter(value_bundles(name, [s for s in stored if s is not None]))
+    found, known, changes = loaded.found, loaded.timers, loaded.key_count_changes
+    prefix = {kg: state_key(kg, b"") for kg in tables}  # a key's sort key: prefix + bytes
+    out: list[Entry] = []
+    for (kg, kb), held in zip(dirty, stored, strict=True):
+        had = (kg, kb) in found
+        if held is not None:
+            out.append((prefix[kg] + kb, next(bundles)))
+        elif had or (kg, kb) not in known:
+            out.append((state_key(kg, kb), None))
+        if had != (held is not None):
+            changes[kg] = changes.get(kg, 0) + (-1 if had else 1)
+    return out
+
+
+def _entries_per_key(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
+    """The entries of :func:`changed_entries`, unsorted, from each key's exported rows."""
     out: list[Entry] = []
     changes = loaded.key_count_changes
     for kg, kb in backend.dirty_keys:
@@ -165,7 +204,6 @@ def changed_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry]:
             out += [(timer_key(kg, ts, kb, PROCESSING_TIMER), None) for ts in before - now]
             ptc = loaded.processing_timer_changes
             ptc[kg] = ptc.get(kg, 0) + len(now - before) - len(before - now)
-    out.sort(key=lambda e: e[0])
     return out
 
 
