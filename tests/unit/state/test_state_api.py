@@ -251,3 +251,22 @@ def test_many_keys_set_at_once_hold_what_setting_each_would(ttl) -> None:
     many.prune_expired()
     assert held(many) == held(one)
     assert any(r["key"] for r in held(one)) == (ttl is None)
+
+
+def test_many_keys_read_at_once_read_what_getting_each_would() -> None:
+    """``KeyedValues.get_many``: stored values, the default for a key without one, and for
+    one whose TTL has passed."""
+    from microbatch.state.handles import KeyedValues
+
+    now = [100.0]
+    backend = KeyedStateBackend(16, KeyGroupRange(0, 15), clock=lambda: now[0])
+    backend.for_key("kept").value("v").set([1, "one"])
+    backend.for_key("short").value("v", ttl=5.0).set("gone soon")
+    now[0] += 10
+    keys = ["kept", "short", "never"]
+    spec = backend.declare("v", "value", None)
+    placed = [encode_key(k) for k in keys]
+    values = KeyedValues(backend, spec, [key_group(k, 16) for k in keys], placed)
+
+    assert values.get_many([0, 1, 2, 0], default="none") == [[1, "one"], "none", "none", [1, "one"]]
+    assert [values.get(k, "none") for k in (0, 1, 2)] == [[1, "one"], "none", "none"]

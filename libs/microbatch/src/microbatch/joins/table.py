@@ -100,12 +100,13 @@ class TableJoin(JoinFunction):
             except Exception:  # process() calls it again and fails or dead-letters
                 failed.add(k)
         emitted: dict[int, list[Any]] = {}
-        current = dict(values)  # and the stored value of each other key, read once
-        for k, at in zip(key_of[streams].tolist(), streams.tolist(), strict=True):
+        stream_keys = key_of[streams].tolist()
+        stored = sorted(set(stream_keys) - values.keys() - failed)
+        current = dict(values)  # and the stored value of each other key, read at once
+        current.update(zip(stored, state.get_many(stored), strict=True))
+        for k, at in zip(stream_keys, streams.tolist(), strict=True):
             if k in failed:
                 continue
-            if k not in current:
-                current[k] = state.get(k)
             value = current[k]
             if value is None and not left:
                 continue

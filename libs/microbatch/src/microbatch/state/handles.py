@@ -204,6 +204,17 @@ class KeyedValues:
     def get(self, k: int, default: Any = None) -> Any:
         return self._one(k).get(default)
 
+    def get_many(self, keys: Sequence[int], default: Any = None) -> list[Any]:
+        """``get`` of each of ``keys`` (one clock reading for the TTL of all)."""
+        backend, name, now = self._backend, self._spec.name, self._backend.now_ms()
+        stored: list[bytes | None] = []
+        for k in keys:
+            table = backend.table(self._groups[k], name)
+            entry = table.get(self._bytes[k]) if table else None
+            alive = entry is not None and (entry[1] is None or entry[1] > now)
+            stored.append(entry[0] if alive else None)  # type: ignore[index]  # alive: found
+        return [default if data is None else decode_value(data) for data in stored]
+
     def set_many(self, keys: Sequence[int], values: Sequence[Any]) -> None:
         """``set`` of ``values[i]`` for key ``keys[i]``, encoded in one go."""
         backend, name = self._backend, self._spec.name
