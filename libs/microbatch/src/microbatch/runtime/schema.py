@@ -271,8 +271,8 @@ class JsonSchema:
         accepted = np.frombuffer(flags, dtype=np.uint8).astype(bool)
         rows = int(accepted.sum())
         arrays = [
-            array_of(field.type, rows, data, validity, nulls, offsets)
-            for field, (validity, nulls, data, offsets) in zip(
+            array_of(field.type, rows, held, validity, nulls, starts)
+            for field, (validity, nulls, held, starts) in zip(
                 self.arrow_schema, columns, strict=True
             )
         ]

@@ -249,8 +249,7 @@ class BlockCache:
 
     def _keep_plain(self, ref: RunRef, n: int, batch: pa.RecordBatch) -> None:
         if self.directory is not None:
-            body = batch.serialize().to_pybytes()
-            self._keep(ref.data, f"u{n}", zlib.crc32(body).to_bytes(4, "big") + body)
+            self._keep(ref.data, f"u{n}", _plain(batch))
 
     def _decode_plain(self, ref: RunRef, n: int, plain: bytes) -> pa.RecordBatch:
         where = f"the state cache's copy of run {ref.data} block {n} in {self.directory}"
@@ -292,8 +291,7 @@ class BlockCache:
             else:
                 where = f"run {ref.data} block {n}"
                 batch = decode_batch(data[b.offset : b.offset + b.length], b, where)
-            body = batch.serialize().to_pybytes()
-            bodies.append(zlib.crc32(body).to_bytes(4, "big") + body)
+            bodies.append(_plain(batch))
         ends = np.cumsum([len(b) for b in bodies], dtype=np.uint64)
         offsets = np.concatenate([np.zeros(1, np.uint64), ends]).astype(">u8")
         head = len(bodies).to_bytes(4, "big") + offsets.tobytes()
@@ -395,6 +393,12 @@ class BlockCache:
                 f"cannot write the state cache at {path} ({e}): free space in "
                 f"{self.directory} or point the cache elsewhere"
             ) from e
+
+
+def _plain(batch: pa.RecordBatch) -> bytes:
+    """A block as the disk tier keeps it: its CRC-32, then the uncompressed batch."""
+    body = batch.serialize().to_pybytes()
+    return zlib.crc32(body).to_bytes(4, "big") + body
 
 
 def coalesce(index: RunIndex, numbers: Iterable[int]) -> list[list[int]]:

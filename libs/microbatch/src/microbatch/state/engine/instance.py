@@ -168,14 +168,14 @@ def _value_entries(backend: KeyedStateBackend, loaded: Loaded) -> list[Entry] | 
     stored = [tables.get(kg, {}).get(kb) for kg, kb in dirty]
     bundles = iter(value_bundles(name, [s for s in stored if s is not None]))
     found, known, changes = loaded.found, loaded.timers, loaded.key_count_changes
-    prefix = {kg: state_key(kg, b"") for kg in tables}  # a key's sort key: prefix + bytes
+    prefix = {kg: state_key(kg, b"") for kg in backend.key_groups}  # sort key: prefix + key
     out: list[Entry] = []
     for (kg, kb), held in zip(dirty, stored, strict=True):
         had = (kg, kb) in found
         if held is not None:
             out.append((prefix[kg] + kb, next(bundles)))
         elif had or (kg, kb) not in known:
-            out.append((state_key(kg, kb), None))
+            out.append((prefix[kg] + kb, None))
         if had != (held is not None):
             changes[kg] = changes.get(kg, 0) + (-1 if had else 1)
     return out
