@@ -28,3 +28,11 @@ def librdkafka_version() -> str: ...
 def decode_json(
     offsets: Any, data: Any, names: list[str], kinds: list[int], nullable: list[bool]
 ) -> tuple[bytes, list[tuple[Any, int, bytes, bytes | None]]]: ...
+def encode_rows(
+    rows: int,
+    names: list[str],
+    kinds: list[int],
+    offsets: list[int],
+    buffers: list[tuple[Any, Any, Any]],
+    prefix: bytes,
+) -> tuple[bytes, bytes]: ...

@@ -20,6 +20,7 @@ use rdkafka_sys as rd;
 
 mod arrow;
 mod json;
+mod msgpack;
 
 use arrow::{as_bytes, BinaryColumn};
 
@@ -456,6 +457,7 @@ fn microbatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RangeReader>()?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add_function(wrap_pyfunction!(json::decode_json, m)?)?;
+    m.add_function(wrap_pyfunction!(msgpack::encode_rows, m)?)?;
     m.add("ReadError", m.py().get_type::<ReadError>())?;
     Ok(())
 }

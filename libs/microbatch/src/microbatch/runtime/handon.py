@@ -17,9 +17,15 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple, cast
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from microbatch.errors import MicrobatchError
-from microbatch.keygroups import encode_key
+from microbatch.keygroup_columns import LIMIT, int_key_groups
+from microbatch.keygroups import encode_key, key_group_of_bytes
 from microbatch.runtime.envelope import encode_payloads
+from microbatch.state.codec_rows import encode_rows
 
 Placed = tuple[bytes, int, int]  # (key bytes, key-group, instance) in the next step
 #: Key types whose placement is remembered per value: no two equal values of these
@@ -84,3 +90,71 @@ def hand_on(
     except MicrobatchError:  # a value the codec refuses: a dead letter
         return None
     return HandedOn(placed, event_ts, payloads)
+
+
+class ColumnsHandedOn(NamedTuple):
+    """A table of rows ready to become envelope rows (:func:`hand_on_columns`)."""
+
+    key: pa.Array  # the next step's key bytes
+    key_group: np.ndarray  # and key-groups
+    event_ts: pa.Array
+    payloads: pa.Array
+
+
+def hand_on_columns(
+    table: pa.Table, key_field: str, time_field: str | None, max_parallelism: int
+) -> ColumnsHandedOn | None:
+    """A window's output rows (``table``: ``key``, ``window_start``, ``window_end`` and
+    its results) keyed by ``key_field`` for the next step, as :func:`hand_on` would hand
+    on ``table.to_pylist()`` — or None when a row may be a dead letter (a null or odd
+    key, an event time to convert), for the record-by-record path. A row's event time
+    is ``time_field``'s value, else its window's last millisecond."""
+    if key_field not in table.column_names:
+        return None
+    placed = key_placements(table.column(key_field), max_parallelism)
+    if placed is None:
+        return None
+    last_ms = pc.subtract(table.column("window_end"), 1)  # type: ignore[attr-defined]
+    if time_field is not None and time_field in table.column_names:
+        given = table.column(time_field)
+        if not pa.types.is_integer(given.type):
+            return None
+        try:
+            last_ms = pc.coalesce(given.cast(pa.int64()), last_ms)
+        except pa.ArrowInvalid:  # a uint64 beyond int64
+            return None
+    try:
+        payloads = encode_rows(table)
+    except MicrobatchError:  # a value the codec refuses: a dead letter
+        return None
+    key, groups = placed
+    return ColumnsHandedOn(key, groups, last_ms.combine_chunks(), payloads)
+
+
+def key_placements(
+    column: pa.ChunkedArray, max_parallelism: int
+) -> tuple[pa.Array, np.ndarray] | None:
+    """``encode_key`` and the key-group of every value of a key column — ints at once,
+    strings and bytes once per distinct value — or None when a value is not a key
+    (null, bool, float...) or an int is too large for the column-wise encoding."""
+    if column.null_count:
+        return None
+    kind = column.type
+    if pa.types.is_integer(kind):
+        try:
+            ints = column.cast(pa.int64()).to_numpy()
+        except pa.ArrowInvalid:
+            return None
+        if len(ints) and (int(ints.max()) >= LIMIT or int(ints.min()) <= -LIMIT):
+            return None
+        return int_key_groups(ints, max_parallelism)
+    if not (
+        pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+    ):  # fmt: skip
+        return None
+    coded = column.combine_chunks().dictionary_encode()
+    distinct = [encode_key(k) for k in coded.dictionary.to_pylist()]
+    groups = np.array([key_group_of_bytes(k, max_parallelism) for k in distinct], np.int64)
+    indices = coded.indices.to_numpy(zero_copy_only=False)
+    return pa.array(distinct, pa.binary()).take(coded.indices), groups[indices]

@@ -17,6 +17,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError, MicrobatchError, ProcessError, error_text
@@ -31,7 +32,14 @@ from microbatch.runtime.envelope import (
     encode_payload,
 )
 from microbatch.runtime.graph import Edge, edges_from, first_uid, marker
-from microbatch.runtime.handon import HandedOn, Placed, hand_on
+from microbatch.runtime.handon import (
+    ColumnsHandedOn,
+    HandedOn,
+    Placed,
+    hand_on,
+    hand_on_columns,
+    key_placements,
+)
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.steps import Chain, KeyedStep, StepFailed, Tap, run_chain
 
@@ -172,6 +180,53 @@ class Router:
         self._count[key_group] = start + len(main)
         self._rows.extend(way.marker, key_group, start, run)
 
+    def emit_keyed_rows(self, rows: Sequence[Any]) -> None:
+        """A window's output rows, each under its ``key``'s key-group (in runs per
+        key-group, in the order of their first rows)."""
+        maxp = self.pipeline.max_parallelism
+        kg_of: dict[Any, int] = {}
+        by_group: dict[int, list[Any]] = {}
+        for row in rows:
+            key = row.get("key") if isinstance(row, dict) else None
+            cached = type(key) is int or type(key) is str
+            kg = kg_of.get(key) if cached else None
+            if kg is None:
+                kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
+                if cached:
+                    kg_of[key] = kg
+            if self.single:
+                self.main(row, kg)
+            else:
+                by_group.setdefault(kg, []).append((None, row))
+        for kg, run in by_group.items():
+            self.emit(run, kg)
+
+    def emit_columns(self, table: pa.Table) -> bool:
+        """A window's output rows (``key``, ``window_start``, ``window_end``, results),
+        in the order it emits them, handed on column by column — the same envelope rows
+        as :meth:`emit_keyed_rows` of ``table.to_pylist()``, without a dict per row.
+        False when they cannot be (several ways on, steps in between, a row that may be
+        a dead letter): nothing is handed on, the caller emits them row by row."""
+        way = self._at_once
+        if self.single or way is None or way.key_field is None:
+            return False
+        maxp = self.pipeline.max_parallelism
+        own = key_placements(table.column("key"), maxp)
+        if own is None:
+            return False
+        run = hand_on_columns(table, way.key_field, way.time_field, maxp)
+        if run is None:
+            return False
+        groups = own[1]
+        if self.main_taps:  # none with steps of its own; rows in key-group runs
+            rows = table.take(_in_group_runs(groups)).to_pylist()
+            for tap in self.main_taps:
+                self.outputs[tap.sink].extend(rows)
+        offsets = _numbered(groups, self._count)
+        instances = np.asarray(self._instance_of, dtype=np.int32)[run.key_group]
+        self._rows.add_columns(way.marker, groups, offsets, run, instances)
+        return True
+
     def main(self, record: Any, key_group: int) -> None:
         """One record of the step's main output."""
         if self.single:
@@ -309,6 +364,8 @@ class _Rows:
         self.placed: list[Placed] = []  # (key bytes, key-group, instance)
         self.ts: list[int | None] = []
         self.payload: list[bytes] = []
+        #: Rows added column-wise (:meth:`add_columns`), after the listed ones.
+        self.batches: list[pa.RecordBatch] = []
 
     def extend(self, marker: str, key_group: int, start: int, run: HandedOn) -> None:
         """A run of records of one key-group, numbered from ``start``."""
@@ -320,7 +377,31 @@ class _Rows:
         self.ts.extend(run.event_ts)
         self.payload.extend(run.payloads)
 
+    def add_columns(
+        self, marker: str, key_groups: np.ndarray, offsets: np.ndarray, run: ColumnsHandedOn,
+        instances: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Rows of several key-groups at once (``key_groups``, ``offsets``: this step's)."""
+        n = len(offsets)
+        columns = {
+            "kind": pa.repeat(pa.scalar(RECORD, pa.string()), n),
+            "topic": pa.repeat(pa.scalar(marker, pa.string()), n),
+            "partition": pa.array(key_groups, pa.int32()),
+            "offset": pa.array(offsets, pa.int64()),
+            "seq": pa.repeat(pa.scalar(0, pa.int32()), n),
+            "instance": pa.array(instances, pa.int32()),
+            "key_group": pa.array(run.key_group, pa.int32()),
+            "key": run.key,
+            "event_ts": run.event_ts,
+            "payload": run.payloads,
+        }
+        self.batches.append(pa.RecordBatch.from_pydict(columns, schema=ENVELOPE_SCHEMA))
+
     def batch(self) -> pa.RecordBatch:
+        batch = self._listed()
+        return pa.concat_batches([batch, *self.batches]) if self.batches else batch
+
+    def _listed(self) -> pa.RecordBatch:
         n = len(self.payload)
         # Transposed a column at a time: ``zip(*placed)`` costs 3x as much on long runs.
         keys, groups, instances = (list(map(itemgetter(i), self.placed)) for i in range(3))
@@ -337,6 +418,30 @@ class _Rows:
             "payload": pa.array(self.payload, pa.binary()),
         }
         return pa.RecordBatch.from_pydict(columns, schema=ENVELOPE_SCHEMA)
+
+
+def _in_group_runs(groups: np.ndarray) -> np.ndarray:
+    """The rows' positions in runs per key-group, runs in the order of their first rows
+    (the order :meth:`Router.emit_keyed_rows` hands rows on in)."""
+    _, firsts, inverse = np.unique(groups, return_index=True, return_inverse=True)
+    return np.lexsort((np.arange(len(groups)), firsts[inverse]))
+
+
+def _numbered(groups: np.ndarray, count: list[int]) -> np.ndarray:
+    """Each row's offset in its key-group (``groups``), numbered on from ``count`` (rows
+    handed on per key-group so far, updated) in the rows' order, as row by row."""
+    n = len(groups)
+    order = np.argsort(groups, kind="stable")
+    ordered = groups[order]
+    firsts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else order
+    sizes = np.diff(np.r_[firsts, n])
+    rank = np.arange(n) - np.repeat(firsts, sizes)
+    base = np.asarray(count, dtype=np.int64)[ordered]
+    offsets = np.empty(n, dtype=np.int64)
+    offsets[order] = base + rank
+    for group, size in zip(ordered[firsts].tolist(), sizes.tolist(), strict=True):
+        count[group] += size
+    return offsets
 
 
 def _windowed(fn: Any) -> bool:

@@ -44,7 +44,7 @@ from microbatch.checkpoint import InstanceSnapshot, Layout, Manifest
 from microbatch.checkpoint.restore import instance_runs, restore_instance
 from microbatch.errors import CheckpointError, ProcessError, error_text
 from microbatch.gcpause import gc_paused
-from microbatch.keygroups import encode_key, key_group_of_bytes, key_group_range
+from microbatch.keygroups import key_group_range
 from microbatch.runtime.column_plan import tap_values
 from microbatch.runtime.column_taps import tap_tables
 from microbatch.runtime.columnar import PayloadRuns, batch_records
@@ -99,6 +99,7 @@ from microbatch.storage import open_store
 
 if TYPE_CHECKING:
     from microbatch.windows.api import WindowedAggregation
+    from microbatch.windows.operator import BatchOutcome
 
 RESULT_DDL = "instance INT, result STRING"
 
@@ -409,9 +410,9 @@ class StageTwo:
         chain's, or ``reduced``, a graph's, with the records stage 1 did not reduce), its
         results handed to the router grouped by their key's key-group."""
         operator = cast("WindowedAggregation", self.process_fn).operator
-        emitted: list[Any] = []
+        outcomes: list[BatchOutcome] = []
         if carries_partials(table):  # stage 1 pre-aggregated: partials, no records
-            dead.stats.update(run_partials(operator, backend, table, watermark, emitted.append))
+            dead.stats.update(run_partials(operator, backend, table, watermark, outcomes.append))
         else:
             everything = records_of(0, recs.num_rows)
             source = recs.source
@@ -420,7 +421,7 @@ class StageTwo:
                     operator, backend, everything.columns(operator.fields_read()),
                     recs.column("key"),
                     recs.column("partition"), recs.column("offset"), recs.column("event_ts"),
-                    watermark_before, watermark, emitted.append,
+                    watermark_before, watermark, outcomes.append,
                     lambda reason, error, i: dead(
                         reason, error,
                         raw_value=json.dumps(everything.record(i), default=str).encode(),
@@ -429,23 +430,10 @@ class StageTwo:
                     reduced,
                 )
             )  # fmt: skip
-        maxp = self.pipeline.max_parallelism
-        kg_of: dict[Any, int] = {}
-        by_group: dict[int, list[Any]] = {}
-        for row in emitted:
-            key = row.get("key") if isinstance(row, dict) else None
-            cached = type(key) is int or type(key) is str
-            kg = kg_of.get(key) if cached else None
-            if kg is None:
-                kg = 0 if key is None else key_group_of_bytes(encode_key(key), maxp)
-                if cached:
-                    kg_of[key] = kg
-            if router.single:
-                router.main(row, kg)
-            else:
-                by_group.setdefault(kg, []).append((None, row))
-        for kg, run in by_group.items():
-            router.emit(run, kg)
+        for outcome in outcomes:
+            columns = None if router.single else outcome.columns()
+            if columns is None or not router.emit_columns(columns):
+                router.emit_keyed_rows(outcome.rows)
 
 
 def sided_records(

@@ -259,7 +259,7 @@ def run_partials(
     backend: KeyedStateBackend,
     table: pa.Table,
     watermark_after: int | None,
-    emit: Callable[[dict[str, Any]], None],
+    emit: Callable[[BatchOutcome], None],
 ) -> dict[str, int]:
     """Stage 2 of a pre-aggregated window: the ``partial`` rows of every stage-1 task
     (``table``: the instance's exchange rows) merged into the keys' open windows."""
@@ -273,7 +273,7 @@ def run_partials(
     held = set(state)
     outcome = operator.merge(partial if rows.num_rows else None, state, watermark_after)
     _store(operator, backend, state, held, outcome, emit)
-    return {"windows_emitted": len(outcome.rows), "partials": rows.num_rows}
+    return {"windows_emitted": len(outcome), "partials": rows.num_rows}
 
 
 def _load(
@@ -304,13 +304,12 @@ def _store(
     state: OpenWindows,
     held: set[Any],
     outcome: BatchOutcome,
-    emit: Callable[[dict[str, Any]], None],
+    emit: Callable[[BatchOutcome], None],
 ) -> None:
-    """Emit the batch's rows; write back the open windows and timers of the keys that
-    held windows before the batch (``held``) or hold some now — a key in neither has no
-    state to write or clear."""
-    for row in outcome.rows:
-        emit(row)
+    """Emit the batch's rows (``outcome``, all at once); write back the open windows and
+    timers of the keys that held windows before the batch (``held``) or hold some now — a
+    key in neither has no state to write or clear."""
+    emit(outcome)
     lateness = operator.allowed_lateness_ms
     for key in held | set(state):
         ctx = backend.for_key(key)
@@ -345,7 +344,7 @@ def run_windows(
     event_ts: pa.ChunkedArray,
     watermark_before: int | None,
     watermark_after: int | None,
-    emit: Callable[[dict[str, Any]], None],
+    emit: Callable[[BatchOutcome], None],
     late: Callable[[str, str, int], None],
     reduced: pa.Table | None = None,
 ) -> dict[str, int]:
@@ -379,7 +378,7 @@ def run_windows(
         partial = with_partials(operator, own, theirs)
         outcome = operator.merge(partial, state, watermark_after, late_rows)
     _store(operator, backend, state, held, outcome, emit)
-    counters = {"windows_emitted": len(outcome.rows), "late_window": len(outcome.late)}
+    counters = {"windows_emitted": len(outcome), "late_window": len(outcome.late)}
     if reduced is not None:
         counters["partials"] = reduced.num_rows
     for i in outcome.late:

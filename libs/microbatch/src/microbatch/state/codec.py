@@ -78,8 +78,8 @@ def _refuse(value: Any) -> Any:
     raise _NotExact
 
 
-_FAST_TAG = b"P"
-_FAST_TAG_BYTE = _FAST_TAG[0]
+FAST_TAG = b"P"
+_FAST_TAG_BYTE = FAST_TAG[0]
 # A Packer per thread: reusing one is twice as fast as msgpack.packb, but a Packer's
 # buffer must not be shared between threads.
 _packers = threading.local()
@@ -107,7 +107,7 @@ def encode_value(value: Any) -> bytes:
         return encode_canonical(value)
     if len(packed) >= _DEEP_NESTING and _may_be_too_deep(packed):
         return encode_canonical(value)
-    return _FAST_TAG + packed
+    return FAST_TAG + packed
 
 
 def encode_values(values: Sequence[Any]) -> list[bytes]:
@@ -120,7 +120,7 @@ def encode_values(values: Sequence[Any]) -> list[bytes]:
         return [encode_value(v) for v in values]
     if packed and max(map(len, packed)) >= _DEEP_NESTING:
         return [encode_value(v) for v in values]
-    return list(map(_FAST_TAG.__add__, packed))
+    return list(map(FAST_TAG.__add__, packed))
 
 
 # msgpack packs containers nested a little deeper than it unpacks (about 1024 levels): a

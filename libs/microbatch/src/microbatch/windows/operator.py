@@ -23,6 +23,7 @@ ordered by key then window start.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -62,9 +63,46 @@ OpenWindows = dict[Any, dict[int, list[Any]]]
 
 @dataclasses.dataclass(frozen=True)
 class BatchOutcome:
-    rows: list[dict[str, Any]]
+    """A batch's emitted rows, in (key, window start) order, and its late records."""
+
+    #: The rows of windows that state held (every row, when none were built column-wise).
+    held: list[dict[str, Any]]
     #: Indices (into the batch's table) of records that came after their window closed.
     late: list[int]
+    #: The rows of windows no state held, built column-wise (:meth:`WindowOperator.
+    #: _emit_new_closed`), in (key, window start) order; they never become dicts unless
+    #: someone asks for :attr:`rows`.
+    direct: pa.Table | None = None
+
+    def __len__(self) -> int:
+        return len(self.held) + (0 if self.direct is None else self.direct.num_rows)
+
+    @functools.cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every emitted row as a dict, in order."""
+        if self.direct is None or not self.direct.num_rows:
+            return self.held
+        direct = self.direct.to_pylist()
+        if not self.held:
+            return direct
+        return list(heapq.merge(direct, self.held, key=_row_order))
+
+    def columns(self) -> pa.Table | None:
+        """Every emitted row as one table, in order — None when the held rows do not fit
+        the columns' types exactly (the caller then takes :attr:`rows`)."""
+        direct = self.direct
+        if direct is None:
+            return None
+        if not self.held:
+            return direct
+        try:
+            held = pa.Table.from_pylist(self.held, schema=direct.schema)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None
+        if not _same_values(held.to_pylist(), self.held):
+            return None
+        both = pa.concat_tables([direct, held])
+        return both.sort_by([("key", "ascending"), ("window_start", "ascending")])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,10 +217,7 @@ class WindowOperator:
                     del windows[start]
             if not windows:
                 del state[key]
-        if at_once is not None and at_once.num_rows:
-            direct = at_once.to_pylist()
-            rows = direct if not rows else list(heapq.merge(direct, rows, key=_row_order))
-        return BatchOutcome(rows, list(late or []))
+        return BatchOutcome(rows, list(late or []), at_once)
 
     def _emit_new_closed(
         self, merged: pa.Table, state: OpenWindows, close_at: int | None
@@ -303,6 +338,17 @@ def _sort_key(key: Any) -> tuple[str, Any]:
 
 def _row_order(row: dict[str, Any]) -> tuple[tuple[str, Any], int]:
     return _sort_key(row["key"]), row["window_start"]
+
+
+def _same_values(got: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
+    """Do ``got`` (rows back from Arrow) hold exactly ``rows``, value and type (an int
+    that went into a float column, or ``2.0`` into an int one, does not)?"""
+    for a, b in zip(got, rows, strict=True):
+        if a != b or list(a) != list(b):
+            return False
+        if any(type(x) is not type(y) for x, y in zip(a.values(), b.values(), strict=True)):
+            return False
+    return True
 
 
 def _ordered_keys(key_type: pa.DataType) -> bool:

@@ -1,0 +1,108 @@
+"""Every row of an Arrow table in the codec's fast form at once: the bytes
+``encode_values(table.to_pylist())`` gives, without a Python dict per row.
+
+A window hands its output rows to the next keyed step as payloads; with the native
+extension (``microbatch_native.encode_rows``) the rows of flat columns — integers, floats,
+booleans, strings, bytes, nulls — are packed straight from the Arrow buffers into
+MessagePack maps, the same bytes msgpack's packer makes of the dicts. Columns of other
+types (timestamps, lists, structs, decimals), duplicate column names, or no extension:
+the rows become dicts and take :func:`~microbatch.state.codec.encode_values`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from microbatch.state.codec import FAST_TAG, encode_values
+
+# The extension's column kinds, and the Arrow type each is read as.
+_INT, _UINT, _FLOAT, _BOOL, _STRING, _BINARY, _NULL = range(7)
+
+
+def encode_rows(table: pa.Table) -> pa.Array:
+    """``encode_values(table.to_pylist())`` as a binary array (``CodecError`` as there)."""
+    native = _native()
+    columns = None if native is None else _plain_columns(table)
+    if native is None or columns is None:
+        return pa.array(encode_values(table.to_pylist()), pa.binary())
+    kinds, offsets, buffers = [], [], []
+    for kind, array in columns:
+        kinds.append(kind)
+        offsets.append(array.offset)
+        buffers.append(_buffers(kind, array))
+    starts, data = native(table.num_rows, table.column_names, kinds, offsets, buffers, FAST_TAG)
+    return pa.Array.from_buffers(
+        pa.binary(), table.num_rows, [None, pa.py_buffer(starts), pa.py_buffer(data)]
+    )
+
+
+def _native() -> Any:
+    """``microbatch_native.encode_rows``, or None without the extension."""
+    try:
+        from microbatch_native import encode_rows as native
+    except ImportError:
+        return None
+    return native
+
+
+def _plain_columns(table: pa.Table) -> list[tuple[int, pa.Array]] | None:
+    """Each column as (kind, one array of the type the extension reads), or None when a
+    column is of another type or two share a name (a dict would keep one of them)."""
+    if len(set(table.column_names)) != table.num_columns:
+        return None
+    columns = []
+    for column in table.columns:
+        kind = _kind(column.type)
+        if kind is None:
+            return None
+        array = column.combine_chunks()
+        target = _READ_AS.get(kind)
+        if target is not None and array.type != target:
+            try:
+                array = array.cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # e.g. past 2 GiB of text
+                return None
+        columns.append((kind, array))
+    return columns
+
+
+_READ_AS = {
+    _INT: pa.int64(), _UINT: pa.uint64(), _FLOAT: pa.float64(), _STRING: pa.string(),
+    _BINARY: pa.binary(),
+}  # fmt: skip
+
+
+def _kind(kind: pa.DataType) -> int | None:
+    if pa.types.is_signed_integer(kind):
+        return _INT
+    if pa.types.is_unsigned_integer(kind):
+        return _UINT
+    if pa.types.is_floating(kind):
+        return _FLOAT
+    if pa.types.is_boolean(kind):
+        return _BOOL
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return _STRING
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return _BINARY
+    if pa.types.is_null(kind):
+        return _NULL
+    return None
+
+
+def _buffers(kind: int, array: pa.Array) -> tuple[Any, Any, Any]:
+    """(validity, values, value offsets) of ``array`` as numpy views (None: absent)."""
+    if kind == _NULL:
+        return None, None, None
+    bufs = array.buffers()
+    validity = None if bufs[0] is None or not array.null_count else _bytes(bufs[0])
+    if kind in (_STRING, _BINARY):
+        return validity, _bytes(bufs[2]), np.frombuffer(bufs[1], dtype=np.int32)
+    return validity, _bytes(bufs[1]), None
+
+
+def _bytes(buffer: pa.Buffer | None) -> np.ndarray:
+    return np.zeros(0, np.uint8) if buffer is None else np.frombuffer(buffer, dtype=np.uint8)

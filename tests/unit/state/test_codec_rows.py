@@ -1,0 +1,118 @@
+"""A table's rows packed at once from its columns are byte for byte the codec's encoding
+of each row's dict — for every type the extension packs, nulls, slices and edge values."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from microbatch.state import codec_rows
+from microbatch.state.codec import CodecError, decode_values, encode_values
+from microbatch.state.codec_rows import encode_rows
+
+INT_EDGES = [
+    0,
+    1,
+    31,
+    32,
+    127,
+    128,
+    255,
+    256,
+    65535,
+    65536,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**63 - 1,
+    -1,
+    -32,
+    -33,
+    -128,
+    -129,
+    -32768,
+    -32769,
+    -(2**31),
+    -(2**31) - 1,
+    -(2**63),
+]
+TEXT_LENGTHS = [0, 1, 31, 32, 255, 256, 65535, 65536]
+
+
+@pytest.fixture(params=["native", "dicts"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the extension (which ``make setup`` builds: it must be there) and on
+    the dicts path it falls back to without it."""
+    if request.param == "native":
+        assert codec_rows._native() is not None, "microbatch_native is missing"
+    else:
+        monkeypatch.setattr(codec_rows, "_native", lambda: None)
+    return str(request.param)
+
+
+def edge_table() -> pa.Table:
+    n = max(len(INT_EDGES), len(TEXT_LENGTHS)) + 3
+    rng = random.Random(5)
+
+    def cycle(values: list, i: int) -> object:
+        return values[i % len(values)]
+
+    return pa.table(
+        {
+            "i64": pa.array([cycle(INT_EDGES, i) for i in range(n)], pa.int64()),
+            "i8": pa.array([cycle([-128, -33, -1, 0, 127], i) for i in range(n)], pa.int8()),
+            "u64": pa.array(
+                [cycle([0, 127, 128, 2**64 - 1, 2**32], i) for i in range(n)], pa.uint64()
+            ),
+            "f64": pa.array(
+                [cycle([0.0, -0.0, 1.5, 1e300, float("inf"), -2.5e-310], i) for i in range(n)]
+            ),
+            "f32": pa.array([cycle([0.1, -3.25], i) for i in range(n)], pa.float32()),
+            "ok": pa.array([i % 3 == 0 for i in range(n)]),
+            "text": pa.array(["x" * cycle(TEXT_LENGTHS, i) for i in range(n)]),
+            "uni": pa.array(["ünïcødé €" * (i % 4) for i in range(n)], pa.large_string()),
+            "raw": pa.array(
+                [bytes(rng.randrange(256) for _ in range(cycle(TEXT_LENGTHS, i))) for i in range(n)]
+            ),
+            "nothing": pa.nulls(n),
+            "holes": pa.array([None if i % 2 else i for i in range(n)], pa.int64()),
+            "maybe": pa.array([None if i % 3 else "s" for i in range(n)]),
+            "flags": pa.array([None if i % 4 == 1 else bool(i % 2) for i in range(n)]),
+        }
+    )
+
+
+def test_every_packed_type_gives_the_bytes_of_the_dicts(path: str) -> None:
+    table = edge_table()
+    assert encode_rows(table).to_pylist() == encode_values(table.to_pylist())
+    assert decode_values(encode_rows(table).to_pylist()) == table.to_pylist()
+
+
+def test_slices_and_chunks_are_read_from_their_offsets(path: str) -> None:
+    table = pa.concat_tables([edge_table(), edge_table().slice(3, 9)])
+    for part in (table.slice(5, 20), table.slice(0, 0), table.slice(30)):
+        assert encode_rows(part).to_pylist() == encode_values(part.to_pylist())
+
+
+def test_a_table_of_sixteen_columns_and_more_packs_a_longer_map_header(path: str) -> None:
+    table = pa.table({f"c{i}": pa.array([i, -i, None], pa.int64()) for i in range(17)})
+    assert encode_rows(table).to_pylist() == encode_values(table.to_pylist())
+
+
+def test_other_types_and_duplicate_names_take_the_dicts_path() -> None:
+    table = pa.table({"when": pa.array([1, 2], pa.timestamp("ms", tz="UTC")), "xs": [[1], [2, 3]]})
+    assert codec_rows._plain_columns(table) is None
+    assert encode_rows(table).to_pylist() == encode_values(table.to_pylist())
+    twice = pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"])
+    assert codec_rows._plain_columns(twice) is None
+
+
+def test_a_value_the_codec_refuses_raises_as_the_codec_does(path: str) -> None:
+    odd = pa.table({"d": pa.array([1, 2], pa.decimal128(5, 1))})
+    with pytest.raises(CodecError):
+        encode_values(odd.to_pylist())
+    with pytest.raises(CodecError):
+        encode_rows(odd)
