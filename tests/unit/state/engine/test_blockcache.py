@@ -3,6 +3,7 @@ fetches nothing, a missing or corrupt run is an error naming it."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,22 @@ def test_a_corrupt_copy_of_a_run_this_process_wrote_is_an_error(store, tmp_path,
 
     with pytest.raises(CheckpointError, match=r"runs/mine.arrow .*in .* is corrupt"):
         lookup(BlockCache(store, tmp_path / "cache"), [ref], [entries[-1][0]])
+
+
+def test_many_keys_read_as_the_newest_entry_of_each_across_runs(store, tmp_path) -> None:
+    """A batch's bulk lookup (every key at once per block) against a plain dict of the
+    runs' entries: present, deleted, absent, between blocks, beyond the last, and the same
+    key bytes in another key-group (a block of one key-group keeps keys without theirs)."""
+    rng = random.Random(11)
+    old = sorted({(key(rng.randrange(4), rng.randrange(3000)), b"o") for _ in range(2500)})
+    new = sorted(
+        {(k, None if rng.random() < 0.3 else b"n") for k, _ in rng.sample(old, 600)}
+        | {(key(1, 5000 + n), b"x") for n in range(50)}
+        | {(composite(0, bytes([0, 1])), b"kg0"), (composite(2, bytes([0, 1])), b"kg2")}
+    )
+    runs = [put_run(store, "new", new), put_run(store, "old", old)]  # newest first
+    expected = dict(old) | dict(new)
+    wanted = [*expected, *(key(kg, n) for kg in range(6) for n in range(0, 6000, 7))]
+    wanted += [composite(1, bytes([0, 1])), composite(3, b""), composite(15, b"\xff" * 9)]
+    found = lookup(BlockCache(store, tmp_path / "cache"), runs, wanted)
+    assert found == {k: v for k, v in expected.items() if k in set(wanted)}

@@ -42,10 +42,30 @@ def test_a_key_between_or_outside_blocks_needs_no_block() -> None:
     assert index.block_of(composite(3, b"a")) is None  # before the first
     assert index.block_of(composite(3, b"c")) is None  # between the two blocks
     assert index.block_of(composite(4, b"")) is None  # after the last
-    assert index.blocks_for([composite(3, b"d"), composite(3, b"b")]) == {
-        1: [composite(3, b"d")],
-        0: [composite(3, b"b")],
-    }
+    probes = [composite(3, b"d"), composite(3, b"a"), composite(3, b"b"), composite(3, b"c")]
+    assert index.blocks_of(pa.array(probes)).tolist() == [1, -1, 0, -1]
+
+
+def test_many_keys_find_the_blocks_one_key_at_a_time_finds() -> None:
+    """``blocks_of`` (all keys at once) against ``block_of`` (a binary search per key),
+    with keys equal to a block's first or last, between blocks, sharing a prefix with
+    a bound, and ending in zero bytes (which a padded fixed-width compare would miss)."""
+    rng = random.Random(4)
+
+    def some_key(groups: int, shortest: int) -> bytes:
+        size = rng.randrange(shortest, 5)
+        return composite(rng.randrange(groups), bytes(rng.randrange(3) for _ in range(size)))
+
+    stored = sorted({some_key(3, 1) for _ in range(400)})
+    _, index = encode_run([(k, b"v" * 40) for k in stored], block_bytes=256)
+    assert len(index.blocks) > 20
+    bounds = [b.first for b in index.blocks] + [b.last for b in index.blocks]
+    probes = [*bounds, *(k + b"\x00" for k in bounds), *(k[:-1] for k in bounds if len(k) > 2)]
+    probes += [some_key(4, 0) for _ in range(500)]
+    rng.shuffle(probes)
+    expected = [index.block_of(k) for k in probes]
+    assert index.blocks_of(pa.array(probes)).tolist() == [-1 if e is None else e for e in expected]
+    assert index.blocks_of(pa.array([], pa.binary())).tolist() == []
 
 
 def test_a_key_group_range_reads_only_the_blocks_that_overlap_it() -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from microbatch.errors import CheckpointError, StorageError
@@ -92,7 +93,7 @@ class CacheStats:
 #: Decoded blocks kept in memory per process (a reused Spark Python worker keeps them
 #: between batches): the Arrow buffers plus the keys as Python bytes.
 MEMORY_BYTES = 256 << 20
-_KEY_OVERHEAD = 40  # a bytes object and its list slot, about
+_KEY_OVERHEAD = 90  # a bytes object, its list slot and its place in ``_positions``, about
 #: Missing blocks at most this far apart in a run are fetched with one ranged GET. Zero:
 #: only blocks that touch (a scan's stretch, a merge's input) — a batch's point reads of
 #: random keys would otherwise pull in the blocks between them, which measured 0.26 of
@@ -112,7 +113,7 @@ class DecodedBlock:
     left in the Arrow array, so a lookup builds only the value it finds. A block within one
     key-group (almost all) keeps the keys without the key-group prefix."""
 
-    __slots__ = ("keys", "kg", "size", "values")
+    __slots__ = ("_positions", "keys", "kg", "size", "values")
 
     def __init__(self, batch: pa.RecordBatch) -> None:
         kgs = batch.column(0)
@@ -125,6 +126,7 @@ class DecodedBlock:
         self.keys = keys
         self.values = batch.column(2)
         self.size = batch.nbytes + _KEY_OVERHEAD * len(keys)
+        self._positions: dict[bytes, int] | None = None  # key → position, made when asked
 
     def _position(self, sort_key: bytes) -> int:
         """Where ``sort_key`` is or would be in ``keys``."""
@@ -135,14 +137,22 @@ class DecodedBlock:
             return 0 if kg < self.kg else len(self.keys)
         return bisect.bisect_left(self.keys, sort_key[2:])
 
-    def get(self, sort_key: bytes) -> tuple[bool, bytes | None]:
-        """(found, value) of ``sort_key`` in this block; a deletion's value is None."""
-        i = self._position(sort_key)
-        if i < len(self.keys):
-            mine = self.keys[i] if self.kg is None else composite(self.kg, self.keys[i])
-            if mine == sort_key:
-                return True, self.values[i].as_py()
-        return False, None
+    def get_many(self, sort_keys: Sequence[bytes]) -> list[tuple[int, bytes | None]]:
+        """(place in ``sort_keys``, value) of each of them this block holds (a deletion's
+        value None): a dict probe per key, the block's values built at most once."""
+        positions = self._positions
+        if positions is None:
+            positions = self._positions = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        if self.kg is None:
+            probes: Sequence[bytes | None] = sort_keys
+        else:
+            prefix = self.kg.to_bytes(2, "big")
+            probes = [k[2:] if k[:2] == prefix else None for k in sort_keys]
+        hits = [(j, i) for j, i in enumerate(map(positions.get, probes)) if i is not None]
+        if len(hits) <= 1:
+            return [(j, self.values[i].as_py()) for j, i in hits]
+        values = self.values.to_pylist()  # a block's ~75: cheaper than a take of a few
+        return [(j, values[i]) for j, i in hits]
 
     def items(self, lo: bytes, hi: bytes) -> list[Entry]:
         """The entries with sort keys in ``[lo, hi)``, in order."""
@@ -422,24 +432,35 @@ def lookup(
 ) -> dict[bytes, bytes | None]:
     """The newest entry of each of ``sort_keys`` found in ``runs`` (newest first); a key
     whose newest entry is a deletion maps to None, a key in no run is absent."""
-    wanted = set(sort_keys)
+    keys = list(dict.fromkeys(sort_keys))
     found: dict[bytes, bytes | None] = {}
+    if not keys or not runs:
+        return found
+    column = pa.array(keys, pa.binary())
+    open_ = np.ones(len(keys), dtype=bool)  # not found in a newer run yet
     for ref in runs:
-        if not wanted:
-            break
         lo, hi = composite(ref.kg_first, b""), composite(ref.kg_last + 1, b"")
-        mine = sorted(k for k in wanted if lo <= k < hi)  # the part of the run it serves
-        if not mine:
+        served = pc.and_(pc.greater_equal(column, lo), pc.less(column, hi))  # its part
+        rows = np.flatnonzero(open_ & served.to_numpy(zero_copy_only=False))
+        if not len(rows):
             continue
-        candidates = cache.index(ref).blocks_for(mine)
-        decoded = cache.entries(ref, candidates)
-        for n, keys in candidates.items():
-            block = decoded[n]
-            for k in keys:
-                hit, value = block.get(k)
-                if hit:
-                    found[k] = value
-                    wanted.discard(k)
+        at = cache.index(ref).blocks_of(column.take(pa.array(rows)))
+        rows, at = rows[at >= 0], at[at >= 0]
+        if not len(rows):
+            continue
+        order = np.argsort(at, kind="stable")
+        rows, at = rows[order], at[order]
+        starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
+        stops = np.r_[starts[1:], len(at)].tolist()
+        numbers = at[starts].tolist()
+        decoded = cache.entries(ref, numbers)
+        for n, start, stop in zip(numbers, starts.tolist(), stops, strict=True):
+            mine = rows[start:stop].tolist()
+            for j, value in decoded[n].get_many([keys[r] for r in mine]):
+                found[keys[mine[j]]] = value
+                open_[mine[j]] = False
+        if not open_.any():
+            break
     return found
 
 

@@ -108,6 +108,7 @@ class RunIndex:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_firsts", [b.first for b in self.blocks])
+        object.__setattr__(self, "_bounds", None)  # Arrow copies, made on first use
 
     @property
     def rows(self) -> int:
@@ -131,14 +132,43 @@ class RunIndex:
             return None
         return i
 
-    def blocks_for(self, sort_keys: Iterable[bytes]) -> dict[int, list[bytes]]:
-        """Block number → the given keys it may hold (keys no block can hold are left out)."""
-        out: dict[int, list[bytes]] = {}
-        for k in sort_keys:
-            i = self.block_of(k)
-            if i is not None:
-                out.setdefault(i, []).append(k)
-        return out
+    def blocks_of(self, sort_keys: pa.Array) -> np.ndarray:
+        """:meth:`block_of` of every key of ``sort_keys`` (binary) at once, -1 where no
+        block can hold it: a batch asks for 100k keys and more, and Arrow sorts the keys
+        with the blocks' first keys instead of a binary search per key in Python."""
+        n, m = len(sort_keys), len(self.blocks)
+        if not n or not m:
+            return np.full(n, -1, dtype=np.int64)
+        firsts, lasts = self._first_and_last()
+        both = pa.table(
+            {
+                "key": pa.concat_arrays([firsts, sort_keys.cast(pa.binary())]),
+                "probe": np.r_[np.zeros(m, np.int8), np.ones(n, np.int8)],
+            }
+        )  # a block's first key sorts before an equal probe: that block may hold it
+        order = pc.sort_indices(
+            both, sort_keys=[("key", "ascending"), ("probe", "ascending")]
+        ).to_numpy()
+        firsts_so_far = np.cumsum(order < m)
+        probes = np.flatnonzero(order >= m)
+        at = np.empty(n, dtype=np.int64)
+        at[order[probes] - m] = firsts_so_far[probes] - 1
+        inside = at >= 0
+        last = lasts.take(pa.array(np.where(inside, at, 0)))
+        inside &= pc.less_equal(sort_keys, last).to_numpy(zero_copy_only=False)
+        at[~inside] = -1
+        return at
+
+    def _first_and_last(self) -> tuple[pa.Array, pa.Array]:
+        """Every block's first and last sort key, as binary arrays."""
+        bounds = self._bounds  # type: ignore[has-type]
+        if bounds is None:
+            bounds = (
+                pa.array(self._firsts, pa.binary()),  # type: ignore[attr-defined]
+                pa.array([b.last for b in self.blocks], pa.binary()),
+            )
+            object.__setattr__(self, "_bounds", bounds)
+        return bounds
 
     def blocks_in_range(self, kg_first: int, kg_last: int) -> range:
         """The blocks holding rows of key-groups ``kg_first..kg_last`` (inclusive)."""
