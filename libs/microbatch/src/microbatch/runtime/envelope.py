@@ -91,6 +91,9 @@ RESULT = "result"
 #: A record for a sink fed before the first keyed step (a dataflow's source tap): ``key``
 #: holds the sink's name, ``payload`` the record; the first step's instance stages it.
 OUTPUT = "output"
+#: Records for the next keyed step packed as one Arrow IPC stream of their envelope rows
+#: (``payload``), all for one ``instance`` (:mod:`microbatch.runtime.packed`).
+PACKED = "packed"
 
 
 class DeadLetterDetail(NamedTuple):

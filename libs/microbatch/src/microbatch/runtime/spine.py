@@ -40,8 +40,10 @@ from microbatch.runtime.envelope import (
     ticks,
 )
 from microbatch.runtime.graph import Edge, edges_into, first_uid
+from microbatch.runtime.packed import packed, unpacked
 from microbatch.runtime.process import KeyedProcessFunction
 from microbatch.runtime.records import InstanceResult
+from microbatch.runtime.router import Router
 from microbatch.runtime.stage_two import StageTwo
 from microbatch.runtime.steps import FOR
 from microbatch.runtime.wire import Tags, tags_of
@@ -115,13 +117,13 @@ def step_instance(stage: StageTwo) -> Body:
         instance = _only_instance(own, stage)
         with gc_paused():  # as a single-operator pipeline's stage 2 (StageTwo.__call__)
             result, router = stage.run_step(instance, own)
-            forward = None if stage.is_last else router.forward_rows()
+            forward = None if stage.is_last else _onward(router, tags)
             del router  # its rows freed while paused (see microbatch.gcpause)
         yield table.filter(earlier)
         yield pa.Table.from_batches([result_row(stage.step or "", result)])
         if forward is None:
             return
-        yield pa.Table.from_batches([forward])
+        yield forward
         if instance == 0:
             yield from _for_every_next_instance(table, stage, tags)
 
@@ -151,10 +153,18 @@ def _wire_body(rows_of: Callable[[pa.Table], Iterator[pa.Table]], stage: StageTw
                 f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}: a keyed step's "
                 "rows must arrive on the wire codes (Tags.to_wire), as they cross Spark"
             )
+        full = unpacked(full, tags, f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}")
         for rows in rows_of(full):
             yield from tags.to_wire(rows).to_batches()
 
     return per_instance
+
+
+def _onward(router: Router, tags: Tags) -> pa.Table:
+    """What a step hands the next exchange: its records packed, its dead letters so far
+    as rows (few; the last step stages them)."""
+    records = packed(router.record_rows(), tags)
+    return pa.Table.from_batches([records, router.dead_letter_rows()])
 
 
 def _only_instance(own: pa.Table, stage: StageTwo) -> int:
@@ -229,10 +239,10 @@ def level_instance(level: list[StageTwo]) -> Body:
                 if i < last:
                     handed.append(pa.Table.from_batches([router.dead_letter_rows()]))
                     records = pa.Table.from_batches([router.record_rows()])
-                    forward = _hand_over(records, level, i, instance, chained)
+                    rest = _hand_over(records, level, i, instance, chained)
+                    forward = pa.Table.from_batches([packed(rest, tags)])
                 else:
-                    onward = None if stage.is_last else router.forward_rows()
-                    forward = None if onward is None else pa.Table.from_batches([onward])
+                    forward = None if stage.is_last else _onward(router, tags)
                 del router  # its rows freed while paused (see microbatch.gcpause)
             out.append(pa.Table.from_batches([result_row(stage.step or "", result)]))
             if forward is not None:

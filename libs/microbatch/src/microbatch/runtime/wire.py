@@ -27,6 +27,7 @@ from microbatch.errors import BatchError
 from microbatch.runtime.envelope import (
     DEAD_LETTER,
     OUTPUT,
+    PACKED,
     PARTIAL,
     PENDING,
     RECORD,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 #: Every kind of envelope row; a kind's code is its place here (never reorder: rows of
 #: a running batch are read by the same code only, but keep the order stable anyway).
-KINDS = (RECORD, DEAD_LETTER, PARTIAL, PENDING, STAT, TICK, RESULT, OUTPUT)
+KINDS = (RECORD, DEAD_LETTER, PARTIAL, PENDING, STAT, TICK, RESULT, OUTPUT, PACKED)
 KIND_CODE, TOPIC_CODE = pa.int8(), pa.int16()
 
 Rows = TypeVar("Rows", pa.Table, pa.RecordBatch)
