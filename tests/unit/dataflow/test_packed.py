@@ -9,8 +9,8 @@ import pytest
 
 from microbatch.errors import BatchError
 from microbatch.runtime import packed as packing
-from microbatch.runtime.envelope import ENVELOPE_SCHEMA, PACKED, RECORD, STAT
-from microbatch.runtime.packed import packed, unpacked
+from microbatch.runtime.envelope import DEAD_LETTER, ENVELOPE_SCHEMA, PACKED, RECORD, STAT
+from microbatch.runtime.packed import packed, packed_wire, unpacked
 from microbatch.runtime.wire import Tags, tags_of
 from tests.unit.dataflow.test_handon_columns import router
 
@@ -80,3 +80,32 @@ def test_a_pack_of_rows_of_another_schema_is_an_error_naming_the_batch() -> None
     )
     with pytest.raises(BatchError, match="pipeline 'p' batch 7: a packed row"):
         unpacked(tags.to_wire(pa.Table.from_batches([packs])), tags, "pipeline 'p' batch 7")
+
+
+def test_stage_one_rows_keep_their_other_rows_and_value_columns(monkeypatch) -> None:
+    """Stage 1's rows on the wire, with a declared schema's value column: records and
+    partials packed, stat rows and dead letters left as rows, all back alike."""
+    monkeypatch.setattr(packing, "PACK_ROWS", 4)
+    records, tags = handed_on(30)
+    schema = ENVELOPE_SCHEMA.append(pa.field("value_price", pa.int64()))
+    rows = pa.Table.from_batches([records]).to_pylist()
+    rows = [r | {"value_price": i} for i, r in enumerate(rows)]
+    rows += [{"kind": STAT, "instance": i, "payload": b"{}", "value_price": None} for i in range(3)]
+    rows.append({"kind": DEAD_LETTER, "instance": 2, "payload": b"x", "value_price": None})
+    plain = pa.RecordBatch.from_pylist(rows, schema=schema)
+    wire = tags.to_wire(plain)
+    out = packed_wire(wire, tags)
+    assert out.schema == wire.schema
+    kinds = tags.from_wire(out).column("kind").to_pylist()
+    assert kinds.count(STAT) == 3 and kinds.count(DEAD_LETTER) == 1 and RECORD not in kinds
+    back = tags.from_wire(unpacked(pa.Table.from_batches([out]), tags, "test"))
+    key = lambda r: (r["kind"], r["instance"], r["partition"] or 0, r["offset"] or 0)  # noqa: E731
+    assert sorted(back.to_pylist(), key=key) == sorted(plain.to_pylist(), key=key)
+
+
+def test_rows_without_records_go_as_they_are() -> None:
+    _, tags = handed_on(0)
+    stat = tags.to_wire(
+        pa.RecordBatch.from_pylist([{"kind": STAT, "instance": 0}], schema=ENVELOPE_SCHEMA)
+    )
+    assert packed_wire(stat, tags) is stat

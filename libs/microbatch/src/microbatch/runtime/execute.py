@@ -31,6 +31,7 @@ from microbatch.kafka.reader import range_descriptors
 from microbatch.kafka.spark_source import choose_reader, connector_problem, read_ranges_spark
 from microbatch.runtime.envelope import SOURCE_COLUMNS, ticks
 from microbatch.runtime.one_stage import one_stage_frame, runs_in_one_stage, with_batch_totals
+from microbatch.runtime.packed import Packing, unpacked
 from microbatch.runtime.pipeline import Pipeline
 from microbatch.runtime.records import InstanceResult
 from microbatch.runtime.spine import spine_frame, step_results
@@ -169,7 +170,9 @@ class SparkExecutor:
         if pending is not None and pending.num_rows:
             rows = self.spark.createDataFrame(pending.to_pandas())
             reissue = dataclasses.replace(process, reissued=True)
-            envelopes = envelopes.unionByName(rows.mapInArrow(reissue, envelope_type))
+            envelopes = envelopes.unionByName(
+                rows.mapInArrow(Packing(reissue, self.pipeline), envelope_type)
+            )
         return envelopes
 
     def read_planned(
@@ -192,10 +195,13 @@ class SparkExecutor:
                 view=self.broker(),
             )
             # Only the columns stage 1 reads cross from the JVM to Python.
-            return rows.select(*SOURCE_COLUMNS).mapInArrow(process, envelope_type)
+            return rows.select(*SOURCE_COLUMNS).mapInArrow(
+                Packing(process, self.pipeline), envelope_type
+            )
         # None only without a non-empty range: plan.ranges holds only non-empty ones.
         descriptors = cast("DataFrame", range_descriptors(self.spark, plan.ranges))
-        return descriptors.mapInArrow(self.reading(process, reader), envelope_type)
+        reading = Packing(self.reading(process, reader), self.pipeline)
+        return descriptors.mapInArrow(reading, envelope_type)
 
     def choose_reader(self, plan: BatchPlan) -> str | None:
         """The reader of the planned ranges (None: there are none): the pipeline's
@@ -280,6 +286,9 @@ def _per_instance(
         freeze_in_spark_worker()
         received = list(batches)
         table = pa.Table.from_batches(received) if received else None  # the stage decodes it
+        if table is not None:
+            where = f"pipeline {stage.pipeline.name!r} batch {stage.batch_id}"
+            table = unpacked(table, tags_of(stage.pipeline), where)
         instances = [] if table is None else pc.unique(table.column("instance")).to_pylist()
         if len(instances) != 1 or table is None:  # every partition holds its tick
             raise BatchError(
