@@ -47,7 +47,11 @@ impl Column<'_> {
                 out.push(0xcb);
                 out.extend_from_slice(&f64::from_ne_bytes(fixed(self.values, i)?).to_be_bytes());
             }
-            BOOL => out.push(if bit(self.values.get(..i / 8 + 1)?, i) { 0xc3 } else { 0xc2 }),
+            BOOL => out.push(if bit(self.values.get(..i / 8 + 1)?, i) {
+                0xc3
+            } else {
+                0xc2
+            }),
             STRING | BINARY => {
                 let (a, b) = (*self.offsets.get(i)?, *self.offsets.get(i + 1)?);
                 let bytes = self.values.get(a as usize..b as usize)?;
@@ -106,49 +110,44 @@ fn pack_uint(v: u64, out: &mut Vec<u8>) {
 }
 
 fn pack_str(bytes: &[u8], out: &mut Vec<u8>) {
-    let n = bytes.len();
-    if n < 32 {
-        out.push(0xa0 | n as u8);
-    } else if n < 1 << 8 {
-        out.extend_from_slice(&[0xd9, n as u8]);
-    } else if n < 1 << 16 {
-        out.push(0xda);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
+    if bytes.len() < 32 {
+        out.push(0xa0 | bytes.len() as u8);
     } else {
-        out.push(0xdb);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
+        pack_length(bytes.len(), Some(0xd9), 0xda, 0xdb, out);
     }
     out.extend_from_slice(bytes);
 }
 
 fn pack_bin(bytes: &[u8], out: &mut Vec<u8>) {
-    let n = bytes.len();
-    if n < 1 << 8 {
-        out.extend_from_slice(&[0xc4, n as u8]);
-    } else if n < 1 << 16 {
-        out.push(0xc5);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        out.push(0xc6);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    }
+    pack_length(bytes.len(), Some(0xc4), 0xc5, 0xc6, out);
     out.extend_from_slice(bytes);
 }
 
 fn pack_map_header(n: usize, out: &mut Vec<u8>) {
     if n < 16 {
         out.push(0x80 | n as u8);
-    } else if n < 1 << 16 {
-        out.push(0xde);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
     } else {
-        out.push(0xdf);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
+        pack_length(n, None, 0xde, 0xdf, out);
+    }
+}
+
+/// A length in the shortest of a type's 8-bit (if it has one), 16- and 32-bit forms.
+fn pack_length(n: usize, marker8: Option<u8>, marker16: u8, marker32: u8, out: &mut Vec<u8>) {
+    match marker8 {
+        Some(marker) if n < 1 << 8 => out.extend_from_slice(&[marker, n as u8]),
+        _ if n < 1 << 16 => {
+            out.push(marker16);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(marker32);
+            out.extend_from_slice(&(n as u32).to_be_bytes());
+        }
     }
 }
 
 /// A read-only view of a buffer's bytes, alive while the buffer is held.
-fn view<'a, T: pyo3::buffer::Element>(buffer: &'a PyBuffer<T>) -> &'a [T] {
+fn view<T: pyo3::buffer::Element>(buffer: &PyBuffer<T>) -> &[T] {
     // SAFETY: the buffer is C-contiguous (PyBuffer::get checks the element format and we
     // take whole arrays from pyarrow), read-only here, and outlives the returned slice.
     unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const T, buffer.item_count()) }
@@ -166,23 +165,31 @@ pub fn encode_rows<'py>(
     names: Vec<String>,
     kinds: Vec<u8>,
     offsets: Vec<usize>,
-    buffers: Vec<(Option<PyBuffer<u8>>, Option<PyBuffer<u8>>, Option<PyBuffer<i32>>)>,
+    buffers: Vec<(
+        Option<PyBuffer<u8>>,
+        Option<PyBuffer<u8>>,
+        Option<PyBuffer<i32>>,
+    )>,
     prefix: &[u8],
 ) -> PyResult<Bound<'py, PyTuple>> {
     let columns: Vec<Column> = buffers
         .iter()
         .zip(&kinds)
         .zip(&offsets)
-        .map(|(((validity, values, value_offsets), &kind), &offset)| Column {
-            kind,
-            offset,
-            validity: validity.as_ref().map(view),
-            values: values.as_ref().map(view).unwrap_or(&[]),
-            offsets: value_offsets.as_ref().map(view).unwrap_or(&[]),
-        })
+        .map(
+            |(((validity, values, value_offsets), &kind), &offset)| Column {
+                kind,
+                offset,
+                validity: validity.as_ref().map(view),
+                values: values.as_ref().map(view).unwrap_or(&[]),
+                offsets: value_offsets.as_ref().map(view).unwrap_or(&[]),
+            },
+        )
         .collect();
     if columns.len() != names.len() || columns.iter().any(|c| c.kind > NULL) {
-        return Err(PyValueError::new_err("one kind and three buffers per named column"));
+        return Err(PyValueError::new_err(
+            "one kind and three buffers per named column",
+        ));
     }
     let mut header = Vec::new();
     pack_map_header(names.len(), &mut header);
@@ -208,7 +215,9 @@ pub fn encode_rows<'py>(
             }
         }
         if out.data.len() > i32::MAX as usize {
-            return Err(PyValueError::new_err("the payloads pass 2 GiB: encode fewer rows"));
+            return Err(PyValueError::new_err(
+                "the payloads pass 2 GiB: encode fewer rows",
+            ));
         }
         out.offsets.push(out.data.len() as i32);
     }
