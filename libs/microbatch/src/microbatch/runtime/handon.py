@@ -114,7 +114,7 @@ def hand_on_columns(
     placed = key_placements(table.column(key_field), max_parallelism)
     if placed is None:
         return None
-    last_ms = pc.subtract(table.column("window_end"), 1)  # type: ignore[attr-defined]
+    last_ms = pc.subtract(table.column("window_end"), 1)
     if time_field is not None and time_field in table.column_names:
         given = table.column(time_field)
         if not pa.types.is_integer(given.type):
