@@ -54,7 +54,9 @@ venv: $(STAMP) $(NATIVE) $(BYTECODE)
 # (microbatch.localstack, .demo, .examples; `microbatch-stack`), kept out of the runtime
 # wheel. plugins/ is also the provider distribution microbatch-airflow
 # (plugins/pyproject.toml): its entry points register the plugin, connection types and
-# [microbatch] config.
+# [microbatch] config. pyspark 4.2.0 comes from PyPI as a source distribution: uv builds it
+# on every fresh clone and keeps each build (~1.4 GB) as a new revision in its cache, so
+# set-up prunes the revisions no install uses any more, or the cache grows without bound.
 $(STAMP): requirements.lock libs/microbatch/pyproject.toml libs/microbatch-dev/pyproject.toml \
           plugins/pyproject.toml | tools
 	@echo "==> Python environment (.venv) from requirements.lock"
@@ -62,6 +64,7 @@ $(STAMP): requirements.lock libs/microbatch/pyproject.toml libs/microbatch-dev/p
 	@$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock \
 	  -e libs/microbatch -e libs/microbatch-dev -e plugins
+	@$(BIN)/uv cache prune -q
 	@touch $@
 
 # microbatch-native, the Kafka reader in Rust (librdkafka's C sources built into it, crates
