@@ -26,7 +26,12 @@ class RangeReader:
 
 def librdkafka_version() -> str: ...
 def decode_json(
-    offsets: Any, data: Any, names: list[str], kinds: list[int], nullable: list[bool]
+    offsets: Any,
+    data: Any,
+    names: list[str],
+    kinds: list[int],
+    nullable: list[bool],
+    keep: list[bool],
 ) -> tuple[bytes, list[tuple[Any, int, bytes, bytes | None]]]: ...
 def encode_rows(
     rows: int,

@@ -117,6 +117,7 @@ impl fmt::Display for Deferred {
 struct Row<'s> {
     names: &'s [String],
     kinds: &'s [u8],
+    keep: &'s [bool],
     slots: &'s mut [Slot],
     scratch: &'s mut Vec<u8>,
 }
@@ -142,6 +143,7 @@ impl<'de> Visitor<'de> for Row<'_> {
                 Some(i) => {
                     let seed = Value {
                         kind: self.kinds[i],
+                        copy: self.keep[i],
                         scratch: &mut *self.scratch,
                     };
                     self.slots[i] = map.next_value_seed(seed)?;
@@ -178,9 +180,11 @@ impl<'de> Visitor<'de> for FieldName<'_> {
     }
 }
 
-/// A declared field's value, of exactly its declared kind (or null).
+/// A declared field's value, of exactly its declared kind (or null). A string of a
+/// field no column keeps (`copy` false) is checked, not copied.
 struct Value<'s> {
     kind: u8,
+    copy: bool,
     scratch: &'s mut Vec<u8>,
 }
 
@@ -206,6 +210,9 @@ impl<'de> Visitor<'de> for Value<'_> {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Slot, E> {
         if self.kind != STRING {
             return Err(E::custom(Deferred));
+        }
+        if !self.copy {
+            return Ok(Slot::Str(0, 0));
         }
         let start = self.scratch.len();
         self.scratch.extend_from_slice(v.as_bytes());
@@ -256,8 +263,9 @@ fn parse_value(value: &[u8], row: Row<'_>) -> bool {
 }
 
 /// `values` (Arrow binary: `offsets`, int32 with the array's own offset applied, and
-/// `data`) decoded into the declared fields (`names`, `kinds`, `nullable`). Returns
-/// (accepted: one byte per value, 1 or 0; the accepted values' columns: per field
+/// `data`) decoded into the declared fields (`names`, `kinds`, `nullable`). Every
+/// declared field is checked; only those `keep` marks become columns. Returns
+/// (accepted: one byte per value, 1 or 0; the accepted values' columns: per kept field
 /// (validity or None, null count, values, offsets or None)).
 #[pyfunction]
 pub fn decode_json<'py>(
@@ -267,13 +275,20 @@ pub fn decode_json<'py>(
     names: Vec<String>,
     kinds: Vec<u8>,
     nullable: Vec<bool>,
+    keep: Vec<bool>,
 ) -> PyResult<Bound<'py, PyTuple>> {
+    if names.len() != kinds.len() || names.len() != nullable.len() || names.len() != keep.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "decode_json: names, kinds, nullable and keep must have one entry per field",
+        ));
+    }
     let offsets = offsets.to_vec(py)?;
     // SAFETY: a read-only view of the buffer, alive while `data` is held.
     let data: &[u8] =
         unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.item_count()) };
     let rows = offsets.len().saturating_sub(1);
     let mut accepted = vec![0u8; rows];
+    // One per declared field; a field not kept has its column's checks but no values.
     let mut columns: Vec<Column> = kinds
         .iter()
         .zip(&nullable)
@@ -292,6 +307,7 @@ pub fn decode_json<'py>(
         let row = Row {
             names: &names,
             kinds: &kinds,
+            keep: &keep,
             slots: &mut slots,
             scratch: &mut scratch,
         };
@@ -310,7 +326,13 @@ pub fn decode_json<'py>(
         if !complete || !fits {
             continue;
         }
-        for ((column, &slot), n) in columns.iter_mut().zip(&slots).zip(&mut string_bytes) {
+        for (((column, &slot), n), _) in columns
+            .iter_mut()
+            .zip(&slots)
+            .zip(&mut string_bytes)
+            .zip(&keep)
+            .filter(|(_, &k)| k)
+        {
             if let Slot::Str(x, y) = slot {
                 *n += y - x;
             }
@@ -319,7 +341,7 @@ pub fn decode_json<'py>(
         accepted[i] = 1;
     }
     let out = PyList::empty(py);
-    for column in columns {
+    for (column, _) in columns.into_iter().zip(&keep).filter(|(_, &k)| k) {
         out.append(column.into_py(py)?)?;
     }
     (PyBytes::new(py, &accepted), out).into_pyobject(py)

@@ -16,6 +16,7 @@ from microbatch.errors import ConfigError, ProcessError
 from microbatch.runtime import DeadLetterSink, EventTime, JsonSchema, KafkaSource, ParquetSink
 from microbatch.runtime.column_plan import columnar_values
 from microbatch.runtime.columnar import batch_records
+from microbatch.runtime.columns import ColumnStep, columns_read
 from microbatch.runtime.decoding import event_time_ms
 from microbatch.runtime.envelope import DeadLetterDetail, partition_stats
 from microbatch.runtime.pipeline import Pipeline
@@ -88,6 +89,30 @@ def test_where_and_select_give_the_rows_of_a_record_wise_filter_and_map() -> Non
     # Dropped rows are consumed input, as after a record-wise filter.
     stats = [partition_stats(r["payload"]) for r in columns if r["kind"] == "stat"]
     assert {(s.inputs, s.records, s.dead_letters) for s in stats} == {(40, 29, 0)}
+
+
+def where(condition: pc.Expression) -> ColumnStep:
+    return ColumnStep("where", "w", condition=condition)
+
+
+def select(*names: str, **computed: pc.Expression) -> ColumnStep:
+    return ColumnStep("select", "s", names=names, computed=tuple(computed.items()))
+
+
+@pytest.mark.parametrize(
+    ("steps", "read"),
+    [
+        ((), ("auction", "bidder", "price", "ts")),  # the records hold every field
+        ((where(pc.field("price") > 10),), ("auction", "bidder", "price", "ts")),
+        ((where(pc.field("price") > 10), select("auction")), ("auction", "price")),
+        ((select("ts", euros=pc.field("price") * 0.5),), ("price", "ts")),
+        ((select("ts"), where(pc.field("ts") > 0)), ("ts",)),
+        ((select(one=pc.scalar(1)),), ("ts",)),  # reads none: one column keeps the rows
+    ],
+)
+def test_the_columns_steps_read_are_those_they_need_to_give_their_output(steps, read) -> None:
+    """Stage 1 decodes only these (and still checks every declared field)."""
+    assert columns_read(steps, SCHEMA.arrow_schema) == read
 
 
 def test_stage_two_records_have_the_projected_fields() -> None:

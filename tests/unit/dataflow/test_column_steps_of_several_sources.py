@@ -29,6 +29,7 @@ from microbatch.runtime import (
     ParquetSink,
     Pipeline,
 )
+from microbatch.runtime.column_plan import columns_read_by
 from microbatch.runtime.envelope import DeadLetterDetail, decode_payload, partition_stats
 from microbatch.runtime.stage_one import StageOne
 from microbatch.settings import Settings
@@ -216,6 +217,25 @@ def test_a_value_that_does_not_match_is_a_dead_letter_naming_the_field_with_its_
     assert {(r["topic"], r["partition"]) for r in rows.to_pylist() if r["kind"] != "stat"} == {
         ("auctions", 1)
     }
+
+
+def test_only_the_fields_the_column_steps_read_are_decoded_yet_every_field_is_checked() -> None:
+    pipeline = q3(Path("/tmp/unused"), columns=True)
+    # auctions: where reads category, select keeps id, seller, date_time; item_name: unread
+    assert columns_read_by(pipeline) == {
+        0: ("id", "seller", "category", "date_time"),
+        1: ("id", "name", "city", "state", "date_time"),  # people's extra: unread
+    }
+    unread_bad = auction(1, item_name=7)
+    rows = StageOne(pipeline, parallelism=2, watermark=None).envelopes(
+        _topic(kafka_batch([auction(0), unread_bad, auction(2)]), "auctions")
+    ).to_pylist()  # fmt: skip
+
+    dead = [DeadLetterDetail.from_payload(r["payload"]) for r in rows if r["kind"] == "dead_letter"]
+    assert [(d.reason, d.raw_value) for d in dead] == [("schema_mismatch", unread_bad)]
+    assert "'item_name': expected string, got integer 7" in dead[0].error
+    records = [decode_payload(r["payload"]) for r in rows if r["kind"] == "record"]
+    assert records == [{"id": 502, "seller": 2, "date_time": 2002}]
 
 
 def _topic(batch: Any, topic: str) -> Any:

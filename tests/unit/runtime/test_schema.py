@@ -153,6 +153,29 @@ def test_arrow_decoding_equals_the_reference_value_by_value_however_split(decode
         assert bad == expected_bad
 
 
+@pytest.mark.parametrize("keep", [("ts",), ("n", "user_id"), ("amount", "ok")])
+def test_decoding_some_fields_checks_them_all_and_builds_only_those(decoder, keep) -> None:
+    """``keep``: the columns stage 1 goes on with (what its column steps read). A value
+    bad only in a field not kept is still refused with the reference's message, and the
+    kept columns are the full decode's."""
+    values = [value(user_id=f"u{i}", ts=i, amount=None if i % 4 else 0.5) for i in range(12)]
+    values[3:3] = [b for b, _, _ in BAD]
+    values.append(value(ok=...))
+    full = SCHEMA.decode(pa.array(values, pa.binary()))
+    some = SCHEMA.decode(pa.array(values, pa.binary()), keep=keep)
+
+    names = [n for n in SCHEMA.fields if n in keep]  # in declared order
+    assert some.table.schema == pa.schema([SCHEMA.arrow_schema.field(n) for n in names])
+    assert some.table.to_pylist() == full.table.select(names).to_pylist()
+    assert some.rows.tolist() == full.rows.tolist() and some.bad == full.bad
+    assert len(full.bad) == len(BAD)
+
+
+def test_decoding_a_field_the_schema_does_not_declare_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"does not declare: \['user'\]"):
+        SCHEMA.decode(pa.array([value()], pa.binary()), keep=("user", "ts"))
+
+
 def test_a_batch_of_several_parse_blocks_and_a_value_longer_than_one_decodes_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -247,6 +270,10 @@ def test_any_value_decodes_as_the_reference_decodes_it(texts, tail) -> None:
     got = list(zip(decoded.rows.tolist(), decoded.table.to_pylist(), strict=True))
     assert _same(got, expected_rows)
     assert decoded.bad == expected_bad
+    some = SCHEMA.decode(pa.array(values, pa.binary()), keep=("ts", "ok"))
+    assert some.bad == expected_bad, "a field not kept must be checked all the same"
+    kept = [(i, {"ts": r["ts"], "ok": r["ok"]}) for i, r in expected_rows]
+    assert list(zip(some.rows.tolist(), some.table.to_pylist(), strict=True)) == kept
 
 
 def _same(got: list, expected: list) -> bool:

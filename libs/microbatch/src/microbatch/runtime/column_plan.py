@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.runtime.columns import ColumnStep, output_schema
+from microbatch.runtime.columns import ColumnStep, columns_read, output_schema
 from microbatch.runtime.graph import edges_from
 from microbatch.runtime.schema import ValueSchema, kind_of
 from microbatch.runtime.steps import sink_only
@@ -107,6 +107,7 @@ def check_column_steps(pipeline: Pipeline) -> None:
         )
     values = output_schema(pipeline.column_steps, schema.arrow_schema, where)
     object.__setattr__(pipeline, "_column_values", values)
+    _read(pipeline, 0, columns_read(pipeline.column_steps, schema.arrow_schema))
 
 
 def record_column_steps(pipeline: Pipeline) -> dict[int, tuple[ColumnStep, ...]]:
@@ -169,6 +170,7 @@ def check_record_column_steps(pipeline: Pipeline, where: str) -> None:
                 "is not supported yet; feed the sink from a keyed step"
             )
         values = output_schema(steps, source.value_schema.arrow_schema, where)
+        _read(pipeline, index, columns_read(steps, source.value_schema.arrow_schema))
         # What the keys and the event time read, unless a record-wise step after the
         # column steps makes the records they read (it may add a field a select dropped).
         reshaped = bool(pipeline.prefix) or any(e.chain for e in edges)
@@ -238,8 +240,10 @@ def check_sink_only(pipeline: Pipeline, where: str) -> None:
         return  # the records travel as payloads
     values: dict[str, pa.Schema] = {}
     types: dict[str, tuple[str, pa.DataType]] = {}
+    read: set[str] = set()
     for tap in pipeline.source_taps:
         out = output_schema(tap.columns, schema.arrow_schema, where)
+        read.update(columns_read(tap.columns, schema.arrow_schema))
         for f in out:
             before = types.setdefault(f.name, (tap.sink, f.type))
             if before[1] != f.type:
@@ -249,6 +253,18 @@ def check_sink_only(pipeline: Pipeline, where: str) -> None:
                 )
         values[tap.sink] = out
     object.__setattr__(pipeline, "_tap_values", values)
+    _read(pipeline, 0, tuple(n for n in schema.arrow_schema.names if n in read))
+
+
+def _read(pipeline: Pipeline, index: int, names: tuple[str, ...]) -> None:
+    object.__setattr__(pipeline, "_columns_read", {**columns_read_by(pipeline), index: names})
+
+
+def columns_read_by(pipeline: Pipeline) -> dict[int, tuple[str, ...]]:
+    """Per source index with column steps: the declared fields they read, the only ones
+    stage 1 builds columns of (it still checks every field: the dead letters are the
+    same). A source not named here needs them all (its records hold every field)."""
+    return cast("dict[int, tuple[str, ...]]", pipeline.__dict__.get("_columns_read", {}))
 
 
 def tap_values(pipeline: Pipeline) -> dict[str, pa.Schema] | None:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import MicrobatchError
+from microbatch.runtime.column_plan import columns_read_by
 from microbatch.runtime.columnar import (
     add_dead_letters,
     column_steps,
@@ -100,7 +101,8 @@ def _source_records(
                 out.dead(t, p, o, stage.parallelism, bad.reason, bad.error, k, None)
         rows = rows.filter(pa.array(~nulls))
         values = rows.column("value")
-    table, at, dead = decode_values(cast(ValueSchema, source.value_schema), values)
+    keep = columns_read_by(pipeline).get(index)
+    table, at, dead = decode_values(cast(ValueSchema, source.value_schema), values, keep)
     table, at = column_steps(stage, steps, table, at, rows)
     coordinates = rows.select(list(SOURCE_COLUMNS[:3])).take(pa.array(at, pa.int64()))
     keyed, rest = _keyed_columns(stage, table, coordinates)

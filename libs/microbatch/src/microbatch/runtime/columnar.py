@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from microbatch.errors import ProcessError
 from microbatch.keygroup_columns import int_key_groups
 from microbatch.keygroups import encode_key, key_group_of_bytes
-from microbatch.runtime.column_plan import columnar_values
+from microbatch.runtime.column_plan import column_values, columnar_values, columns_read_by
 from microbatch.runtime.columns import ColumnStep, ColumnStepFailed, run_columns
 from microbatch.runtime.envelope import (
     RECORD,
@@ -53,7 +53,14 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     values = columnar_values(pipeline)  # after the column steps
     out = EnvelopeBuilder(envelope_schema(values))
     topic, part, off, _, rvalue = (batch.column(c) for c in SOURCE_COLUMNS)
-    table, rows, dead = decoded_values(pipeline, rvalue)
+    # pre-aggregating, the records' other fields go no further than this task
+    read = _window_fields(pipeline) if stage.pre_aggregate else None
+    projected = read is not None and not pipeline.column_steps
+    schema = cast(ValueSchema, pipeline.source.value_schema)
+    if read is not None and projected:  # only the window's, the key's, the event time's
+        table, rows, dead = decode_values(schema, rvalue, _keyed_fields(pipeline, read))
+    else:
+        table, rows, dead = decoded_values(pipeline, rvalue)
     if pipeline.column_steps:  # where() drops rows before they are keyed: no dead letter
         table, rows = column_steps(stage, pipeline.column_steps, table, rows, batch)
 
@@ -75,8 +82,6 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     take = pa.array(rows[keep])
     kgs = key_groups[keep].astype(np.int32)
     instance_of = np.asarray(stage._instance_of, dtype=np.int32)
-    # pre-aggregating, the records' other fields go no further than this task
-    read = _window_fields(pipeline) if stage.pre_aggregate else None
     columns = [
         pa.repeat(RECORD, n),
         topic.take(take),
@@ -100,6 +105,8 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
         return built
 
     def late_fields(at: pa.Array) -> pa.Table:  # every field, for the dead letters
+        if projected:  # decoded again, whole: the same values (rare: late records only)
+            return decode_values(schema, rvalue.take(pa.array(rows[keep]).take(at)))[0]
         return table.select(values.names).take(pa.array(keep).take(at))
 
     rest = built.slice(records.num_rows)
@@ -112,19 +119,21 @@ def decoded_values(
     """Kafka values decoded by the source's declared schema: the records' columns, the
     source row of each, and (reason, error) per source row that is a dead letter."""
     # Only called when columnar_values(pipeline) is not None: the source declares a schema.
-    return decode_values(cast(ValueSchema, pipeline.source.value_schema), values)
+    schema = cast(ValueSchema, pipeline.source.value_schema)
+    return decode_values(schema, values, columns_read_by(pipeline).get(0))
 
 
 def decode_values(
-    schema: ValueSchema, values: pa.Array
+    schema: ValueSchema, values: pa.Array, keep: Collection[str] | None = None
 ) -> tuple[pa.Table, np.ndarray, dict[int, tuple[str, str]]]:
-    """:func:`decoded_values` by ``schema`` (a source's among several)."""
+    """:func:`decoded_values` by ``schema`` (a source's among several); columns of the
+    fields in ``keep`` only, when given (every field checked)."""
     dead: dict[int, tuple[str, str]] = {}
     present = values.is_valid().to_numpy(zero_copy_only=False)
     source_rows = np.nonzero(present)[0]
     for i in np.nonzero(~present)[0].tolist():
         dead[i] = ("undecodable", "record has no value (tombstone)")
-    decoded = schema.decode(values if present.all() else values.filter(pa.array(present)))
+    decoded = schema.decode(values if present.all() else values.filter(pa.array(present)), keep)
     for r, error in decoded.bad:
         dead[int(source_rows[r])] = (SCHEMA_MISMATCH, error)
     return decoded.table, source_rows[decoded.rows], dead
@@ -160,6 +169,14 @@ def column_steps(
             "(e.g. cast to a wider type before it can overflow); the batch is retried as is."
         ) from e
     return out, cast(np.ndarray, kept)
+
+
+def _keyed_fields(pipeline: Pipeline, read: set[str]) -> tuple[str, ...]:
+    """The declared fields of ``read``, the key and the event time, in declared order."""
+    wanted = {*read, pipeline.key_by}
+    if pipeline.event_time is not None:
+        wanted.add(pipeline.event_time.field)
+    return tuple(n for n in column_values(pipeline).names if n in wanted)
 
 
 def _window_fields(pipeline: Pipeline) -> set[str]:

@@ -31,7 +31,7 @@ from microbatch.errors import ConfigError
 
 ColumnKind = Literal["where", "select"]
 
-__all__ = ["ColumnStep", "ColumnStepFailed", "output_schema", "run_columns"]
+__all__ = ["ColumnStep", "ColumnStepFailed", "columns_read", "output_schema", "run_columns"]
 
 
 class ColumnStepFailed(Exception):
@@ -110,6 +110,33 @@ def output_schema(steps: Sequence[ColumnStep], schema: pa.Schema, where: str) ->
                 f"{step.condition}"
             ) from None
     return table.schema
+
+
+def columns_read(steps: Sequence[ColumnStep], schema: pa.Schema) -> tuple[str, ...]:
+    """The columns of ``schema`` that ``steps`` (which run on it) read: without any other,
+    they give the same output schema. Found as :func:`output_schema` checks a step, on
+    empty tables, leaving out one column at a time; so stage 1 decodes only these."""
+    if not steps:
+        return tuple(schema.names)
+    out = output_schema(steps, schema, "")
+    kept = list(schema)
+    for field in schema:
+        fewer = pa.schema([f for f in kept if f.name != field.name])
+        try:
+            same = _output_of(steps, fewer).equals(out)
+        except (ColumnStepFailed, _NotBoolean):
+            same = False
+        if same and len(fewer):  # (a table of no column has no rows: keep one)
+            kept = list(fewer)
+    return tuple(f.name for f in kept)
+
+
+def _output_of(steps: Sequence[ColumnStep], schema: pa.Schema) -> pa.Schema:
+    for step in steps:
+        if any(n not in schema.names for n in step.fields()):
+            raise ColumnStepFailed(step.name, "a named column is missing")
+        schema = run_columns((step,), schema.empty_table())[0].schema
+    return schema
 
 
 class _NotBoolean(Exception):

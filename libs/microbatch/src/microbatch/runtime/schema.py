@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -113,8 +113,9 @@ class ValueSchema(Protocol):
     @property
     def arrow_schema(self) -> pa.Schema: ...
 
-    def decode(self, values: pa.Array) -> Decoded:
-        """The non-null binary ``values`` as columns of :attr:`arrow_schema`."""
+    def decode(self, values: pa.Array, keep: Collection[str] | None = None) -> Decoded:
+        """The non-null binary ``values`` as columns of :attr:`arrow_schema` (those in
+        ``keep`` only, when given; every field is still checked)."""
         ...
 
     def decode_record(self, value: bytes) -> Any:
@@ -235,18 +236,21 @@ class JsonSchema:
 
     # A batch of values, in Arrow ------------------------------------------------------------
 
-    def decode(self, values: pa.Array) -> Decoded:
-        """The non-null binary ``values`` as columns (see the module docstring)."""
+    def decode(self, values: pa.Array, keep: Collection[str] | None = None) -> Decoded:
+        """The non-null binary ``values`` as columns (see the module docstring). With
+        ``keep``, only those fields become columns (in declared order), the others being
+        checked all the same: a value is accepted or refused exactly as without it."""
         if values.null_count:
             raise ValueError("JsonSchema.decode takes non-null values (tombstones are not JSON)")
+        kept = self._kept(keep)
         native = _native_decoder()
         if native is None or not len(values):
-            return self._decode_arrow(values)
-        accepted, table = self._decode_native(native, values)
+            return self._projected(self._decode_arrow(values), kept)
+        accepted, table = self._decode_native(native, values, kept)
         if accepted.all():
             return Decoded(table, np.arange(len(values), dtype=np.int64), [])
         deferred = np.nonzero(~accepted)[0]
-        rest = self._decode_arrow(values.take(pa.array(deferred)))
+        rest = self._projected(self._decode_arrow(values.take(pa.array(deferred))), kept)
         rows = np.concatenate([np.nonzero(accepted)[0], deferred[rest.rows]])
         order = np.argsort(rows, kind="stable")
         return Decoded(
@@ -255,8 +259,26 @@ class JsonSchema:
             [(int(deferred[row]), error) for row, error in rest.bad],
         )
 
-    def _decode_native(self, native: Any, values: pa.Array) -> tuple[np.ndarray, pa.Table]:
-        """(accepted per value, the accepted values' columns) from the extension."""
+    def _kept(self, keep: Collection[str] | None) -> pa.Schema:
+        """The declared fields ``keep`` names (all without it), as Arrow columns."""
+        schema = self.arrow_schema
+        if keep is None:
+            return schema
+        unknown = sorted(set(keep) - set(schema.names))
+        if unknown:
+            raise ValueError(f"JsonSchema.decode keep= names fields it does not declare: {unknown}")
+        return pa.schema([f for f in schema if f.name in keep])
+
+    @staticmethod
+    def _projected(decoded: Decoded, kept: pa.Schema) -> Decoded:
+        if decoded.table.schema.names == kept.names:
+            return decoded
+        return decoded._replace(table=decoded.table.select(kept.names))
+
+    def _decode_native(
+        self, native: Any, values: pa.Array, kept: pa.Schema
+    ) -> tuple[np.ndarray, pa.Table]:
+        """(accepted per value, the accepted values' kept columns) from the extension."""
         n = len(values)
         offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset :][: n + 1]
         data = values.buffers()[2]
@@ -267,16 +289,15 @@ class JsonSchema:
             list(self.fields),
             [_NATIVE_KINDS[kind] for kind in self.fields.values()],
             [name in self.nullable for name in self.fields],
+            [name in kept.names for name in self.fields],
         )
         accepted = np.frombuffer(flags, dtype=np.uint8).astype(bool)
         rows = int(accepted.sum())
         arrays = [
             array_of(field.type, rows, held, validity, nulls, starts)
-            for field, (validity, nulls, held, starts) in zip(
-                self.arrow_schema, columns, strict=True
-            )
+            for field, (validity, nulls, held, starts) in zip(kept, columns, strict=True)
         ]
-        return accepted, pa.Table.from_arrays(arrays, schema=self.arrow_schema)
+        return accepted, pa.Table.from_arrays(arrays, schema=kept)
 
     def _decode_arrow(self, values: pa.Array) -> Decoded:
         """``values`` decoded by ``pyarrow.json`` and, where it refuses, by Python."""
