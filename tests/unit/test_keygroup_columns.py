@@ -6,9 +6,10 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from microbatch.keygroup_columns import LIMIT, int_key_groups
+from microbatch.keygroup_columns import LIMIT, int_key_groups, key_groups_of
 from microbatch.keygroups import encode_key, key_group_of_bytes
 
 EDGES = [0, 1, -1, 127, 128, -128, -129, 255, 256, 2**15 - 1, 2**15, -(2**15), -(2**15) - 1,
@@ -35,3 +36,22 @@ def test_no_keys_give_empty_columns():
 def test_keys_beyond_the_limit_are_refused_for_the_caller_to_encode_one_by_one(beyond):
     with pytest.raises(ValueError, match="one by one"):
         int_key_groups(np.array([1, beyond], dtype=np.int64), 128)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pa.array(EDGES, pa.int64()),
+        pa.array([0, 2**62, -(2**62), 5], pa.int64()),  # beyond the limit: one by one
+        pa.array([2**64 - 1, 3], pa.uint64()),  # beyond int64 too
+        pa.array([1, -2, 300], pa.int16()),
+        pa.array(["", "a", "ü", "card-42"]),
+        pa.array([b"", b"\x00\xff"], pa.binary()),
+    ],
+    ids=["ints", "ints-beyond-limit", "uint64", "int16", "strings", "bytes"],
+)
+def test_any_column_of_keys_gets_the_bytes_and_groups_of_each_key_alone(keys) -> None:
+    key_bytes, groups = key_groups_of(keys, 128)
+    want = [encode_key(k) for k in keys.to_pylist()]
+    assert key_bytes.to_pylist() == want
+    assert groups.tolist() == [key_group_of_bytes(kb, 128) for kb in want]

@@ -15,6 +15,7 @@ from microbatch.runtime.envelope import decode_payload, encode_payload
 from microbatch.runtime.handon import hand_on
 from microbatch.runtime.router import Router
 from microbatch.state.codec import CodecError, decode_value, encode_value, encode_values
+from tests.unit.dataflow.test_router import handed_on
 
 
 class Echo(KeyedProcessFunction):
@@ -38,13 +39,13 @@ def one_by_one(records: list[tuple[str | None, Any]], key_group: int, tap: bool 
     r, dead = router(tap)
     for sink, record in records:
         r.emit([(sink, record)], key_group)  # a call of one record: record by record
-    return r.forward_rows().to_pylist(), r.outputs, dead
+    return handed_on(r).to_pylist(), r.outputs, dead
 
 
 def at_once(records: list[tuple[str | None, Any]], key_group: int, tap: bool = False):
     r, dead = router(tap)
     r.emit(records, key_group)
-    return r.forward_rows().to_pylist(), r.outputs, dead
+    return handed_on(r).to_pylist(), r.outputs, dead
 
 
 PLAIN = [
@@ -135,7 +136,7 @@ def test_keys_placed_once_are_placed_the_same_in_later_runs() -> None:
     r, _ = router()
     r.emit([(None, {"merchant": k, "ts": 1}) for k in ("a", "b", 3, "a")], 0)
     r.emit([(None, {"merchant": k, "ts": 2}) for k in ("b", 3, "c", "a")], 0)
-    rows = r.forward_rows().to_pylist()
+    rows = handed_on(r).to_pylist()
     placed = {}
     for x in rows:
         placed.setdefault(x["key"], set()).add((x["key_group"], x["instance"]))

@@ -15,6 +15,7 @@ from microbatch.dataflow import Dataflow
 from microbatch.runtime import DeadLetterSink, EventTime, KafkaSource, KeyedProcessFunction
 from microbatch.runtime import ParquetSink as Parquet
 from microbatch.runtime.router import Router
+from tests.unit.dataflow.test_router import handed_on
 
 WINDOW = windows.hopping("10s", every="2s").count().final()
 
@@ -36,7 +37,7 @@ def router(next_key: str = "window_start", tap: bool = False, time_field: str = 
 
 def rows_of(r: Router) -> list[dict[str, Any]]:
     """The envelope rows handed on, in the order the next step reads them."""
-    rows = r.forward_rows().to_pylist()
+    rows = handed_on(r).to_pylist()
     return sorted(rows, key=lambda row: (row["topic"], row["partition"], row["offset"]))
 
 
@@ -125,7 +126,7 @@ def test_rows_that_may_be_dead_letters_are_left_to_the_row_path(odd: tuple[str, 
         table = table.append_column(name, values)
     r = router()
     assert not r.emit_columns(table)
-    assert r.forward_rows().num_rows == 0  # nothing handed on: the row path does it all
+    assert handed_on(r).num_rows == 0  # nothing handed on: the row path does it all
 
 
 def test_a_window_key_beyond_the_column_wise_ints_is_left_to_the_row_path() -> None:
@@ -133,4 +134,4 @@ def test_a_window_key_beyond_the_column_wise_ints_is_left_to_the_row_path() -> N
                       "count": [1, 2]})  # fmt: skip
     r = router()
     assert not r.emit_columns(table)
-    assert r.forward_rows().num_rows == 0
+    assert handed_on(r).num_rows == 0

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from microbatch.keygroups import encode_key, key_group_of_bytes
+
 _C1, _C2 = np.uint32(0xCC9E2D51), np.uint32(0x1B873593)
 #: Beyond it, a key's bytes may be 9 long or its absolute value overflow: the caller
 #: encodes such keys one by one.
@@ -51,6 +53,19 @@ def int_key_groups(keys: np.ndarray, max_parallelism: int) -> tuple[pa.Array, np
     back = np.empty(len(keys), dtype=np.int64)
     back[placed] = np.arange(len(keys))
     return pa.concat_arrays(pieces).take(pa.array(back)), groups
+
+
+def key_groups_of(keys: pa.Array, max_parallelism: int) -> tuple[pa.Array, np.ndarray]:
+    """``encode_key`` and the key-group of each of ``keys`` (no nulls): integers within
+    ``±LIMIT`` all at once (:func:`int_key_groups`), any other key one by one."""
+    if pa.types.is_integer(keys.type):
+        try:
+            return int_key_groups(keys.cast(pa.int64()).to_numpy(), max_parallelism)
+        except (pa.ArrowInvalid, ValueError):  # beyond int64, or beyond ±LIMIT
+            pass
+    encoded = [encode_key(k) for k in keys.to_pylist()]
+    groups = [key_group_of_bytes(kb, max_parallelism) for kb in encoded]
+    return pa.array(encoded, pa.binary()), np.array(groups, dtype=np.int64)
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:

@@ -36,7 +36,7 @@ from microbatch.runtime.envelope import ENVELOPE_SCHEMA, RECORD, SOURCE_COLUMNS,
 from microbatch.runtime.graph import source_of_topic
 from microbatch.runtime.graph_partials import counted_rows
 from microbatch.runtime.schema import ValueSchema
-from microbatch.state.codec import encode_values
+from microbatch.state.codec_rows import encode_rows
 
 if TYPE_CHECKING:
     from microbatch.runtime.graph_partials import Reduction
@@ -204,7 +204,7 @@ def _keyed_columns(
         record_ways.append((marker, groups, key))
     if record_ways:
         try:
-            payloads = pa.array(encode_values(table.take(taken).to_pylist()), pa.binary())
+            payloads = encode_rows(table.take(taken))  # from the buffers: no dict per row
         except MicrobatchError:  # a value the codec refuses: a dead letter, one by one
             return None, everything
     instance_of = np.asarray(stage._instance_of, dtype=np.int32)

@@ -24,8 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import ProcessError
-from microbatch.keygroup_columns import int_key_groups
-from microbatch.keygroups import encode_key, key_group_of_bytes
+from microbatch.keygroup_columns import key_groups_of
 from microbatch.runtime.column_plan import column_values, columnar_values, columns_read_by
 from microbatch.runtime.columns import ColumnStep, ColumnStepFailed, run_columns
 from microbatch.runtime.envelope import (
@@ -231,10 +230,7 @@ def keys_of(stage: StageOne, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndar
     if known is not None:
         kbs, kgs = known.lookup(distinct)
     else:
-        maxp = stage.pipeline.max_parallelism
-        encoded_keys = [encode_key(k) for k in distinct.to_pylist()]
-        kbs = pa.array(encoded_keys, pa.binary())
-        kgs = np.array([key_group_of_bytes(kb, maxp) for kb in encoded_keys], dtype=np.int64)
+        kbs, kgs = key_groups_of(distinct, stage.pipeline.max_parallelism)
     return kbs.take(index), kgs[index.to_numpy(zero_copy_only=False)], slow
 
 
@@ -278,18 +274,7 @@ class KnownKeys:
         self.key_groups = np.concatenate([self.key_groups, groups])
 
     def _encoded(self, keys: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        """Key bytes and key-groups of ``keys``: int keys all at once (numpy), the others
-        (and ints beyond ±2**62) one by one."""
-        maxp = self.max_parallelism
-        if pa.types.is_integer(keys.type):
-            try:
-                values = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
-                return int_key_groups(values, maxp)
-            except (pa.ArrowInvalid, ValueError):
-                pass
-        encoded = [encode_key(k) for k in keys.to_pylist()]
-        groups = [key_group_of_bytes(kb, maxp) for kb in encoded]
-        return pa.array(encoded, pa.binary()), np.array(groups, dtype=np.int64)
+        return key_groups_of(keys, self.max_parallelism)
 
 
 def event_times_of(

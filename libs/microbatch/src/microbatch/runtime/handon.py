@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.errors import MicrobatchError
-from microbatch.keygroup_columns import LIMIT, int_key_groups
-from microbatch.keygroups import encode_key, key_group_of_bytes
+from microbatch.keygroup_columns import LIMIT, int_key_groups, key_groups_of
+from microbatch.keygroups import encode_key
 from microbatch.runtime.envelope import encode_payloads
 from microbatch.state.codec_rows import encode_rows
 
@@ -154,7 +154,5 @@ def key_placements(
     ):  # fmt: skip
         return None
     coded = column.combine_chunks().dictionary_encode()
-    distinct = [encode_key(k) for k in coded.dictionary.to_pylist()]
-    groups = np.array([key_group_of_bytes(k, max_parallelism) for k in distinct], np.int64)
-    indices = coded.indices.to_numpy(zero_copy_only=False)
-    return pa.array(distinct, pa.binary()).take(coded.indices), groups[indices]
+    distinct, groups = key_groups_of(coded.dictionary, max_parallelism)
+    return distinct.take(coded.indices), groups[coded.indices.to_numpy(zero_copy_only=False)]

@@ -290,10 +290,6 @@ class Router:
         rows.ts.append(ts)
         rows.payload.append(payload)
 
-    def forward_rows(self) -> pa.RecordBatch:
-        """The rows for the next keyed step: its records, then the dead letters so far."""
-        return pa.concat_batches([self.record_rows(), self.dead_letter_rows()])
-
     def record_rows(self) -> pa.RecordBatch:
         """The records this step hands on, keyed for the steps that read it."""
         return self._rows.batch()
