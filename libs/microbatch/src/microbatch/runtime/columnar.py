@@ -52,14 +52,15 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
     values = columnar_values(pipeline)  # after the column steps
     out = EnvelopeBuilder(envelope_schema(values))
     topic, part, off, _, rvalue = (batch.column(c) for c in SOURCE_COLUMNS)
-    # pre-aggregating, the records' other fields go no further than this task
+    # pre-aggregating, the records' other fields go no further than this task: without
+    # column steps, only the fields the window, the key and the event time read are built
     read = _window_fields(pipeline) if stage.pre_aggregate else None
-    projected = read is not None and not pipeline.column_steps
     schema = cast(ValueSchema, pipeline.source.value_schema)
-    if read is not None and projected:  # only the window's, the key's, the event time's
-        table, rows, dead = decode_values(schema, rvalue, _keyed_fields(pipeline, read))
-    else:
+    projected = None if read is None or pipeline.column_steps else _keyed_fields(pipeline, read)
+    if projected is None:
         table, rows, dead = decoded_values(pipeline, rvalue)
+    else:
+        table, rows, dead = decode_values(schema, rvalue, projected)
     if pipeline.column_steps:  # where() drops rows before they are keyed: no dead letter
         table, rows = column_steps(stage, pipeline.column_steps, table, rows, batch)
 
@@ -104,7 +105,7 @@ def columnar_envelopes(stage: StageOne, batch: pa.RecordBatch) -> pa.RecordBatch
         return built
 
     def late_fields(at: pa.Array) -> pa.Table:  # every field, for the dead letters
-        if projected:  # decoded again, whole: the same values (rare: late records only)
+        if projected is not None:  # decoded again, whole: the same values (late only)
             return decode_values(schema, rvalue.take(pa.array(rows[keep]).take(at)))[0]
         return table.select(values.names).take(pa.array(keep).take(at))
 

@@ -123,20 +123,12 @@ def columns_read(steps: Sequence[ColumnStep], schema: pa.Schema) -> tuple[str, .
     for field in schema:
         fewer = pa.schema([f for f in kept if f.name != field.name])
         try:
-            same = _output_of(steps, fewer).equals(out)
-        except (ColumnStepFailed, _NotBoolean):
+            same = output_schema(steps, fewer, "").equals(out)
+        except ConfigError:  # a step reads that column
             same = False
         if same and len(fewer):  # (a table of no column has no rows: keep one)
             kept = list(fewer)
     return tuple(f.name for f in kept)
-
-
-def _output_of(steps: Sequence[ColumnStep], schema: pa.Schema) -> pa.Schema:
-    for step in steps:
-        if any(n not in schema.names for n in step.fields()):
-            raise ColumnStepFailed(step.name, "a named column is missing")
-        schema = run_columns((step,), schema.empty_table())[0].schema
-    return schema
 
 
 class _NotBoolean(Exception):
