@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from microbatch import windows
 from microbatch.dataflow import Dataflow
 from microbatch.joins import TableJoin, WindowJoin
+from microbatch.joins import fields as join_fields
 from microbatch.runtime import (
     EventTime,
     JsonSchema,
@@ -189,8 +190,8 @@ def q3(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     else:
         auctions = auctions.filter(lambda a: a["category"] == 10)
         sellers = people.filter(lambda p: p["state"] in SELLER_STATES)
-    suggest = TableJoin(select=lambda a, p: {
-        "name": p["name"], "city": p["city"], "state": p["state"], "id": a["id"]})  # fmt: skip
+    # Output fields named, not computed: with declared schemas the join runs on columns.
+    suggest = TableJoin(select=join_fields(left=["id"], right=["name", "city", "state"]))
     auctions.key_by("seller").join(sellers.key_by("id"), suggest, uid="q3").to(out(root))
     return flow.build()
 

@@ -41,3 +41,11 @@ def encode_rows(
     buffers: list[tuple[Any, Any, Any]],
     prefix: bytes,
 ) -> tuple[bytes, bytes]: ...
+def decode_rows(
+    offsets: Any,
+    data: Any,
+    prefix: bytes,
+    names: list[str],
+    kinds: list[int],
+    nullable: list[bool],
+) -> list[tuple[bytes | None, int, bytes, bytes | None]] | None: ...

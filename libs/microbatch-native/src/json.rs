@@ -19,15 +19,15 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use crate::arrow::{as_bytes, Binary, Bitmap};
 
 /// Declared kinds, as `schema.py` numbers them for this module.
-const STRING: u8 = 0;
-const LONG: u8 = 1;
-const INT: u8 = 2;
-const DOUBLE: u8 = 3;
-const BOOLEAN: u8 = 4;
+pub(crate) const STRING: u8 = 0;
+pub(crate) const LONG: u8 = 1;
+pub(crate) const INT: u8 = 2;
+pub(crate) const DOUBLE: u8 = 3;
+pub(crate) const BOOLEAN: u8 = 4;
 
 /// One field's value in the value being parsed.
 #[derive(Clone, Copy)]
-enum Slot {
+pub(crate) enum Slot {
     Absent,
     Null,
     /// A string's bytes in the row's scratch buffer: (start, end).
@@ -47,14 +47,14 @@ enum Values {
 }
 
 /// A declared field's column of accepted values: Arrow's validity bitmap and values.
-struct Column {
-    nullable: bool,
+pub(crate) struct Column {
+    pub(crate) nullable: bool,
     validity: Bitmap,
     values: Values,
 }
 
 impl Column {
-    fn new(kind: u8, nullable: bool) -> Self {
+    pub(crate) fn new(kind: u8, nullable: bool) -> Self {
         let values = match kind {
             STRING => Values::Str(Binary::with_capacity(0)),
             LONG => Values::Long(Vec::new()),
@@ -70,7 +70,7 @@ impl Column {
     }
 
     /// Appends an accepted value's slot (absent or null: a null, its value slot empty).
-    fn push(&mut self, slot: Slot, scratch: &[u8]) {
+    pub(crate) fn push(&mut self, slot: Slot, scratch: &[u8]) {
         self.validity
             .push(!matches!(slot, Slot::Absent | Slot::Null));
         match (&mut self.values, slot) {
@@ -87,7 +87,7 @@ impl Column {
     }
 
     /// (validity or None, null count, values buffer, offsets or None) as Python objects.
-    fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+    pub(crate) fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let (validity, nulls) = self.validity.validity(py);
         let (values, offsets) = match &self.values {
             Values::Str(v) => (

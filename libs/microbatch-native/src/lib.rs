@@ -21,6 +21,7 @@ use rdkafka_sys as rd;
 mod arrow;
 mod json;
 mod msgpack;
+mod unpack;
 
 use arrow::{as_bytes, BinaryColumn};
 
@@ -458,6 +459,7 @@ fn microbatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add_function(wrap_pyfunction!(json::decode_json, m)?)?;
     m.add_function(wrap_pyfunction!(msgpack::encode_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack::decode_rows, m)?)?;
     m.add("ReadError", m.py().get_type::<ReadError>())?;
     Ok(())
 }

@@ -9,7 +9,7 @@ import pytest
 
 from microbatch.errors import ConfigError
 from microbatch.joins import select as select_module
-from microbatch.joins.select import merge
+from microbatch.joins.select import fields, merge
 from microbatch.joins.times import (
     EventTimeOf,
     RecordTimeError,
@@ -115,3 +115,35 @@ def test_signed_durations(value, ms):
 def test_bad_signed_durations_are_refused_with_the_value(value):
     with pytest.raises(ConfigError, match=r"bound must be a duration like '-10m'"):
         signed_duration_ms("bound", value)
+
+
+def test_fields_picks_and_renames_each_sides_fields_left_first():
+    pick = fields(left=["id", "price"], right={"seller_name": "name", "city": "city"})
+    assert pick.names == ["id", "price", "seller_name", "city"]
+    out = pick({"id": 1, "price": 5, "x": 0}, {"name": "Ann", "city": "Oslo", "id": 1})
+    assert list(out.items()) == [("id", 1), ("price", 5), ("seller_name", "Ann"), ("city", "Oslo")]
+
+
+def test_fields_of_a_missing_side_are_none_like_a_sql_outer_join():
+    pick = fields(left=["id"], right=["name"])
+    assert pick({"id": 1}, None) == {"id": 1, "name": None}
+    assert pick(None, {"name": "Ann"}) == {"id": None, "name": "Ann"}
+
+
+def test_fields_naming_a_field_a_record_lacks_says_which_and_of_which_side():
+    with pytest.raises(KeyError, match=r"reads \['city'\] of the right record"):
+        fields(right=["name", "city"])({}, {"name": "Ann"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"left": ["id"], "right": ["id"]}, r"names output field\(s\) \['id'\] twice"),
+        ({}, "names no field"),
+        ({"left": "id"}, "a list of names, not one string"),
+        ({"right": {"a": 1}}, "takes field names"),
+    ],
+)
+def test_fields_refuses_what_cannot_make_a_record(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        fields(**kwargs)

@@ -13,7 +13,9 @@ like any keyed step. One module per join:
   stream record's time (as-of; inner, left);
 - :mod:`~microbatch.joins.window`: :class:`WindowJoin`, pairs in the same tumbling or
   hopping window;
-- :mod:`~microbatch.joins.select`: :func:`merge`, the default output record.
+- :mod:`~microbatch.joins.select`: :func:`merge`, the default output record, and
+  :func:`fields`, the output as named fields of each side (what a join can run on
+  columns).
 
 Late records become dead letters ``late_join``; records without an event time,
 ``missing_event_time``. Test a join (or any process function) without Spark with
@@ -21,9 +23,9 @@ Late records become dead letters ``late_join``; records without an event time,
 """
 
 from microbatch.joins.interval import IntervalJoin
-from microbatch.joins.select import merge
+from microbatch.joins.select import fields, merge
 from microbatch.joins.table import TableJoin
 from microbatch.joins.temporal import TemporalJoin
 from microbatch.joins.window import WindowJoin
 
-__all__ = ["IntervalJoin", "TableJoin", "TemporalJoin", "WindowJoin", "merge"]
+__all__ = ["IntervalJoin", "TableJoin", "TemporalJoin", "WindowJoin", "fields", "merge"]

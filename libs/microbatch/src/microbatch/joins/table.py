@@ -23,6 +23,14 @@ event time is read.
 batch before any ``process`` call (values encoded and written in one go); a key whose
 ``select`` or ``tombstone`` raises is left to ``process``.
 
+**Column by column.** With ``select=fields(...)`` and no ``tombstone`` function, where
+both inputs are rows of declared schemas (sources with a ``value_schema``, after their
+``where``/``select``), a batch is joined on Arrow columns: the table's new values are
+stored as the payloads they came as, a stored value is read back into columns, and the
+output is a table taken from both sides' columns — no dict per record. Same rule, same
+state, same output; a batch it cannot take so (a record that is not a row of its
+schema, a stored value of another shape) goes record by record.
+
 ``how="inner"``: a stream record with no value for its key emits nothing. ``"left"``: it
 is emitted with the right side ``None``.
 """
@@ -30,14 +38,16 @@ is emitted with the right side ``None``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import RIGHT, JoinFunction, check_how
-from microbatch.joins.select import Select, check_select
+from microbatch.joins.base import LEFT, RIGHT, JoinFunction, check_how
+from microbatch.joins.select import Fields, Select, check_select
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
+from microbatch.state.codec_rows import decode_rows
 
 HOWS = ("inner", "left")
 STATE = "table"
@@ -72,6 +82,12 @@ class TableJoin(JoinFunction):
     def __repr__(self) -> str:
         return f"TableJoin(how={self.how!r})"
 
+    @property
+    def reads_columns(self) -> bool:
+        """Can a batch be joined on columns (``batch.columns``)? With ``fields(...)``
+        for ``select`` and no ``tombstone`` function, which read records."""
+        return isinstance(self.select, Fields) and self.tombstone is None
+
     def is_tombstone(self, record: Any) -> bool:
         return record is None or (self.tombstone is not None and bool(self.tombstone(record)))
 
@@ -83,6 +99,10 @@ class TableJoin(JoinFunction):
         sides = batch.sides
         if sides is None or not len(batch.records) or sides.max() > 1:
             return None  # (a record of a third input: process() refuses it)
+        if batch.columns is not None and self.reads_columns:
+            joined = self._join_columns(batch)
+            if joined is not None:
+                return joined
         records, count = batch.records, batch.key_count
         key_of = np.repeat(np.arange(count), np.diff(batch.bounds))
         changes = np.nonzero(sides == RIGHT)[0]  # the table's records, in order
@@ -125,6 +145,56 @@ class TableJoin(JoinFunction):
         handled = np.ones(count, dtype=bool)
         handled[list(failed)] = False
         return Handled(handled, emitted)
+
+    def _join_columns(self, batch: KeyedBatch) -> Handled | None:
+        """:meth:`process_batch` on the sides' columns, every key at once; None when a
+        side has no columns or a stored value is not a row of the table's schema."""
+        assert batch.columns is not None and batch.sides is not None
+        select = cast("Fields", self.select)
+        stream, table = batch.columns.table(LEFT), batch.columns.table(RIGHT)
+        if stream is None or table is None:
+            return None
+        if not {f for _, f in select.left} <= set(stream.column_names) or not {
+            f for _, f in select.right
+        } <= set(table.column_names):
+            return None  # the records path names the missing field
+        count, sides = batch.key_count, batch.sides
+        key_of = np.repeat(np.arange(count), np.diff(batch.bounds))
+        changed = key_of[sides == RIGHT]  # each table record's key, in order
+        last = np.ones(len(changed), dtype=bool)
+        last[:-1] = changed[1:] != changed[:-1]  # each key's last change decides
+        updated, updates = changed[last], np.flatnonzero(last)
+        stream_keys = key_of[sides == LEFT]
+        # Each key's value: a row of `values` — this batch's last change, else stored.
+        value_row = np.full(count, -1, dtype=np.int64)
+        value_row[updated] = np.arange(len(updated))
+        wanted = np.unique(stream_keys[value_row[stream_keys] < 0])
+        state = batch.value(STATE)
+        found = [(k, data) for k, data in zip(wanted.tolist(), state.get_many_encoded(
+            wanted.tolist()), strict=True) if data is not None]  # fmt: skip
+        stored = decode_rows(pa.array([d for _, d in found], pa.binary()), table.schema)
+        if stored is None:
+            return None
+        value_row[[k for k, _ in found]] = len(updated) + np.arange(len(found))
+        values = pa.concat_tables([table.take(updates), stored])
+        rows = value_row[stream_keys]
+        matched = rows >= 0
+        if self.how == "inner":
+            kept = np.flatnonzero(matched)
+            at = pa.array(rows[kept])
+        else:
+            kept = np.arange(len(rows))
+            at = pa.array(rows, mask=~matched)
+        taken = stream.take(kept)
+        columns = [taken.column(f) for _, f in select.left]
+        columns += [values.column(f).take(at) for _, f in select.right]
+        state.set_many_encoded(
+            updated.tolist(), batch.columns.payloads(RIGHT).take(updates).to_pylist()
+        )
+        return Handled(
+            np.ones(count, dtype=bool), {}, pa.table(columns, names=select.names),
+            stream_keys[kept],
+        )  # fmt: skip
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         stream, table = self.split(records)

@@ -117,6 +117,12 @@ class KeyCalls:
             done = int(handled.keys.sum())
             self.stats["keys"] += done
             self.stats["keys_batched"] += done
+            if handled.columns is not None:
+                self.stats["keys_as_columns"] += done
+            if handled.columns is not None and handled.columns.num_rows:
+                assert handled.column_keys is not None
+                groups = np.asarray(key_groups, dtype=np.int64)[handled.column_keys]
+                self.router.emit_table(handled.columns, groups)
         for k in visit:
             (i, j), key_bytes, kg = runs[k], keys[k], key_groups[k]
             rows = emitted.get(k)

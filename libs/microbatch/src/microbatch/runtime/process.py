@@ -22,11 +22,16 @@ from __future__ import annotations
 import builtins  # in ProcessContext's body, `list` is its method
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from microbatch.state.handles import KeyContext, KeyedValues, ListState, MapState, ValueState
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from microbatch.runtime.side_columns import SideColumns
 
 
 class ProcessContext:
@@ -134,12 +139,16 @@ class KeyedBatch:
     watermark_before: int | None
     #: ``(name, ttl)`` → that value state of every key of the batch (see :meth:`value`).
     values_of: Callable[[str, float | None], KeyedValues] | None = None
+    #: A join's records as columns per side, where its inputs are rows of declared
+    #: schemas (:mod:`~microbatch.runtime.side_columns`); None: records only.
+    columns: SideColumns | None = None
 
     @classmethod
     def on_backend(
         cls, backend: Any, key_groups: Sequence[int], key_bytes: Sequence[bytes],
         records: Sequence[Any], bounds: np.ndarray, sides: np.ndarray | None,
         watermark: int | None, watermark_before: int | None,
+        columns: SideColumns | None = None,
     ) -> KeyedBatch:  # fmt: skip
         """The batch of keys ``key_bytes`` (in ``key_groups``) held in ``backend`` (a
         ``KeyedStateBackend`` with their state loaded): which have timers, and their
@@ -152,7 +161,7 @@ class KeyedBatch:
         def values_of(name: str, ttl: float | None) -> KeyedValues:
             return KeyedValues(backend, backend.declare(name, "value", ttl), key_groups, key_bytes)
 
-        return cls(records, bounds, sides, timed, watermark, watermark_before, values_of)
+        return cls(records, bounds, sides, timed, watermark, watermark_before, values_of, columns)
 
     @property
     def key_count(self) -> int:
@@ -169,10 +178,15 @@ class KeyedBatch:
 @dataclasses.dataclass(frozen=True)
 class Handled:
     """What :meth:`KeyedProcessFunction.process_batch` did: ``keys[k]`` is true for each
-    key it processed; ``emitted[k]``, that key's main-output records (absent: none)."""
+    key it processed; ``emitted[k]``, that key's main-output records (absent: none).
+    Output as columns instead: ``columns``, a table whose row ``i`` is key
+    ``column_keys[i]``'s, in key order; it goes on before the output of the keys left to
+    ``process``."""
 
     keys: np.ndarray
     emitted: dict[int, builtins.list[Any]]
+    columns: pa.Table | None = None
+    column_keys: np.ndarray | None = None
 
 
 def has_batch_hook(fn: KeyedProcessFunction) -> bool:

@@ -101,6 +101,8 @@ class Router:
         self.parallelism = parallelism
         self.dead_letter = dead_letter
         self.outputs: dict[str, list[Any]] = {n: [] for n in own_sinks(pipeline, uid)}
+        #: Main output kept as columns per sink (:meth:`emit_table`), before ``outputs``.
+        self.tables: dict[str, list[pa.Table]] = {}
         self.single = pipeline.taps is None
         self.main_taps = [t for t in step_taps(pipeline, uid) if not t.side]
         own = uid if uid is not None else first_uid(pipeline)
@@ -226,6 +228,19 @@ class Router:
         instances = np.asarray(self._instance_of, dtype=np.int32)[run.key_group]
         self._rows.add_columns(way.marker, groups, offsets, run, instances)
         return True
+
+    def emit_table(self, table: pa.Table, key_groups: np.ndarray) -> None:
+        """Main output given as columns (row ``i`` under key-group ``key_groups[i]``, in
+        key order): kept as a table where it goes only to sinks, straight from the step;
+        else record by record, as :meth:`emit` of each key-group's run."""
+        if not self.single and not self.ways and all(not t.chain for t in self.main_taps):
+            for tap in self.main_taps:
+                self.tables.setdefault(tap.sink, []).append(table)
+            return
+        rows = table.to_pylist()
+        starts = [0, *(np.flatnonzero(np.diff(key_groups)) + 1).tolist()]
+        for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
+            self.emit([(None, row) for row in rows[start:end]], int(key_groups[start]))
 
     def main(self, record: Any, key_group: int) -> None:
         """One record of the step's main output."""

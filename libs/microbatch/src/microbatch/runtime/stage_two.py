@@ -71,6 +71,7 @@ from microbatch.runtime.process import (
 )
 from microbatch.runtime.records import InstanceResult, PendingInput, StageOneTotals
 from microbatch.runtime.router import Router, next_step, step_index
+from microbatch.runtime.side_columns import RecordsOnUse, side_columns
 from microbatch.runtime.sorted_records import SortedRecords, in_source_order, key_runs
 from microbatch.runtime.watermark import WatermarkState, advance
 from microbatch.runtime.windowed import (
@@ -258,7 +259,7 @@ class StageTwo:
         else:
             handled = self._process_batch(
                 instance, runs, keys, key_groups, plain_records_of, side_of, state.backend,
-                watermark, watermark_before,
+                watermark, watermark_before, recs,
             )  # fmt: skip
             calls.process_keys(runs, keys, key_groups, records_of, recs.source, handled)
 
@@ -278,6 +279,12 @@ class StageTwo:
         stage_ctx = StageContext(
             pipeline.name, self.batch_id, instance, self.settings, store, Layout(), attempt
         )
+        for name, parts in router.tables.items():  # a step's output kept as columns
+            joined = pa.concat_tables(parts, promote_options="default")
+            if outputs.get(name):  # and records emitted one by one besides: all as records
+                outputs[name][:0] = joined.to_pylist()
+            else:
+                tables[name] = joined
         staged = {}
         for sink in pipeline.sinks:
             if sink.name in tables:
@@ -380,17 +387,21 @@ class StageTwo:
         self, instance: int, runs: list[tuple[int, int]], keys: list[bytes],
         key_groups: list[int], records_of: Callable[[int, int], Any], side_of: list[int] | None,
         backend: KeyedStateBackend, watermark: int | None, watermark_before: int | None,
+        recs: SortedRecords,
     ) -> Handled | None:  # fmt: skip
         """The keys the step's function processes at once (``process_batch``), if it
-        does: every record of the instance decoded."""
+        does: every record of the instance (decoded when first read), and a join's
+        sides as columns where it reads them."""
         fn = self.process_fn
         if not has_batch_hook(fn) or not runs:
             return None
+        end = runs[-1][1]
+        sides_array = None if side_of is None else np.asarray(side_of, dtype=np.int8)
         batch = KeyedBatch.on_backend(
-            backend, key_groups, keys, records_of(0, runs[-1][1]),
-            np.array([i for i, _ in runs] + [runs[-1][1]], dtype=np.int64),
-            None if side_of is None else np.asarray(side_of, dtype=np.int8),
+            backend, key_groups, keys, RecordsOnUse(records_of, end),
+            np.array([i for i, _ in runs] + [end], dtype=np.int64), sides_array,
             watermark, watermark_before,
+            side_columns(self.pipeline, self.step, fn, recs, sides_array),
         )  # fmt: skip
         try:
             return fn.process_batch(batch)

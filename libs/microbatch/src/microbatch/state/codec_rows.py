@@ -1,5 +1,6 @@
 """Every row of an Arrow table in the codec's fast form at once: the bytes
-``encode_values(table.to_pylist())`` gives, without a Python dict per row.
+``encode_values(table.to_pylist())`` gives, without a Python dict per row — and back
+(:func:`decode_rows`: payloads of flat records as the columns of a declared schema).
 
 A window hands its output rows to the next keyed step as payloads; with the native
 extension (``microbatch_native.encode_rows``) the rows of flat columns — integers, floats,
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from microbatch.native_buffers import array_of
 from microbatch.state.codec import FAST_TAG, encode_values
 
 # The extension's column kinds, and the Arrow type each is read as.
@@ -37,6 +39,54 @@ def encode_rows(table: pa.Table) -> pa.Array:
     return pa.Array.from_buffers(
         pa.binary(), table.num_rows, [None, pa.py_buffer(starts), pa.py_buffer(data)]
     )
+
+
+def decode_rows(payloads: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:
+    """The records of ``payloads`` (codec bytes) as columns of ``schema``, or None when
+    any one is not exactly a flat record of its fields — each present once, of its type
+    (null where the field is nullable), nothing else — or a field's type is not a string,
+    int64, int32, float64 or boolean, or there is no extension. None means: decode them
+    as records (:func:`~microbatch.state.codec.decode_values`); a table returned holds
+    what that would, as columns."""
+    kinds = [_DECODED_KINDS.get(field.type) for field in schema]
+    native = _native_decoder()
+    if native is None or None in kinds or len(set(schema.names)) != len(schema):
+        return None
+    array = payloads.combine_chunks() if isinstance(payloads, pa.ChunkedArray) else payloads
+    if array.null_count or not pa.types.is_binary(array.type):
+        return None
+    rows = len(array)
+    if not rows:
+        return schema.empty_table()
+    starts = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+        array.offset : array.offset + rows + 1
+    ]
+    data = array.buffers()[2]
+    columns = native(
+        starts, _bytes(data), FAST_TAG, schema.names, kinds, [f.nullable for f in schema]
+    )
+    if columns is None:
+        return None
+    arrays = [
+        array_of(field.type, rows, values, validity, nulls, offsets)
+        for field, (validity, nulls, values, offsets) in zip(schema, columns, strict=True)
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# Arrow types decode_rows builds, numbered as the extension's JSON decoder numbers them.
+_DECODED_KINDS = {
+    pa.string(): 0, pa.int64(): 1, pa.int32(): 2, pa.float64(): 3, pa.bool_(): 4,
+}  # fmt: skip
+
+
+def _native_decoder() -> Any:
+    """``microbatch_native.decode_rows``, or None without the extension."""
+    try:
+        from microbatch_native import decode_rows as native
+    except ImportError:
+        return None
+    return native
 
 
 def _native() -> Any:

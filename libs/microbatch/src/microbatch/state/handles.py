@@ -206,6 +206,12 @@ class KeyedValues:
 
     def get_many(self, keys: Sequence[int], default: Any = None) -> list[Any]:
         """``get`` of each of ``keys`` (one clock reading for the TTL of all)."""
+        stored = self.get_many_encoded(keys)
+        return [default if data is None else decode_value(data) for data in stored]
+
+    def get_many_encoded(self, keys: Sequence[int]) -> list[bytes | None]:
+        """Each of ``keys``' value as the codec's bytes (None: no value, or expired): for a
+        function that reads values as columns (:func:`~.codec_rows.decode_rows`)."""
         backend, name, now = self._backend, self._spec.name, self._backend.now_ms()
         stored: list[bytes | None] = []
         for k in keys:
@@ -213,15 +219,20 @@ class KeyedValues:
             entry = table.get(self._bytes[k]) if table else None
             alive = entry is not None and (entry[1] is None or entry[1] > now)
             stored.append(entry[0] if alive else None)  # type: ignore[index]  # alive: found
-        return [default if data is None else decode_value(data) for data in stored]
+        return stored
 
     def set_many(self, keys: Sequence[int], values: Sequence[Any]) -> None:
         """``set`` of ``values[i]`` for key ``keys[i]``, encoded in one go."""
+        self.set_many_encoded(keys, encode_values(values))
+
+    def set_many_encoded(self, keys: Sequence[int], datas: Sequence[bytes]) -> None:
+        """``set`` of the value whose codec bytes are ``datas[i]`` for key ``keys[i]``:
+        a value already encoded (a record's payload) is stored as it is."""
         backend, name = self._backend, self._spec.name
         expires = backend.expiry_for(self._spec)
         written = [(self._groups[k], self._bytes[k]) for k in keys]
         tables: dict[int, dict[bytes, Any]] = {}
-        for (kg, kb), data in zip(written, encode_values(values), strict=True):
+        for (kg, kb), data in zip(written, datas, strict=True):
             table = tables.get(kg)
             if table is None:
                 table = tables[kg] = backend.table(kg, name, create=True)  # type: ignore[assignment]

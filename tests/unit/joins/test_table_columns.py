@@ -1,0 +1,143 @@
+"""A table join with ``select=fields(...)`` over sources with declared schemas joins on
+Arrow columns: the same output, state and dead letters as the same join record by
+record — across batches that read values stored by earlier ones, updates in the batch
+of the stream records that see them, inner and left — without decoding a record."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from microbatch.checkpoint import Layout, latest_manifest
+from microbatch.joins import TableJoin, fields
+from microbatch.runtime import BatchRunner, KafkaSource, ParquetSink, Pipeline
+from microbatch.runtime import side_columns as side_columns_module
+from microbatch.runtime.records import BatchRecord
+from microbatch.runtime.side_columns import input_schemas
+from microbatch.settings import Settings
+from microbatch.storage import open_store
+from tests.unit.dataflow.test_column_steps_of_several_sources import (
+    AUCTION,
+    PERSON,
+    STATES,
+    Topics,
+    auction,
+    new_flow,
+    outputs,
+    person,
+)
+from tests.unit.dataflow.test_joins_at_once import crash_then_rescale
+from tests.unit.runtime.test_protocol import InProcess
+
+PICK = fields(left={"auction": "id", "seller": "seller"}, right=["name", "city", "state"])
+
+
+def suggestions(root: Path, how: str, column_wise: bool) -> Pipeline:
+    """Nexmark q3's shape, with a ``fields`` select (column-wise) or the same select as
+    a plain function (record by record)."""
+    flow = new_flow(root)
+    auctions = flow.source(KafkaSource(topics=("auctions",), value_schema=AUCTION))
+    people = flow.source(KafkaSource(topics=("people",), value_schema=PERSON))
+    auctions = auctions.where(pc.field("category") == 10).select("id", "seller", "date_time")
+    people = people.where(pc.field("state").isin(STATES)).select(
+        "id", "name", "city", "state", "date_time"
+    )
+    select = PICK if column_wise else (lambda a, p: PICK(a, p))
+    join = TableJoin(how=how, select=select)
+    auctions.key_by("seller").join(people.key_by("id"), join, uid="q3").to(
+        ParquetSink("out", str(root / "out"))
+    )
+    return flow.build()
+
+
+def batches(log: Topics) -> list[Any]:
+    """Sellers first; then auctions only (values read back from state); then sellers
+    who move city in the batch of their auctions, people who are no sellers, and
+    records that are dead letters."""
+    return [
+        lambda: (log.send("people", *(person(i) for i in range(20))),
+                 log.send("auctions", *(auction(i) for i in range(30)))),
+        lambda: log.send("auctions", *(auction(i) for i in range(30, 90))),
+        lambda: (log.send("people", *(person(i, city=f"new{i}") for i in range(0, 30, 2)),
+                          person(31, state=7)),
+                 log.send("auctions", *(auction(i) for i in range(90, 150)),
+                          auction(150, seller=None))),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_a_column_wise_table_join_gives_what_the_record_wise_join_gives(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got, counters = {}, {}
+    for column_wise in (False, True):
+        if column_wise:  # it must not fall back to records: decoding them fails the test
+
+            def no_records(self: Any) -> Any:
+                raise AssertionError("the column-wise join decoded its records")
+
+            monkeypatch.setattr(side_columns_module.RecordsOnUse, "_all", no_records)
+        root = tmp_path / f"{how}-{column_wise}"
+        log = Topics({"auctions": 2, "people": 2})
+        pipeline = suggestions(root, how, column_wise)
+        settings = dataclasses.replace(Settings.from_env(), spark_master="local[1]")
+        for n, produce in enumerate(batches(log)):
+            produce()
+            runner = BatchRunner(None, pipeline, settings, executor=InProcess(log), broker=log)
+            if column_wise:  # batch 2 crashes in stage 2 and is replayed, batch 3 rescales
+                crash_then_rescale(runner, n)
+            else:
+                runner.run()
+        got[column_wise] = outputs(root)
+        manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
+        stats = BatchRecord.of(manifest).stats
+        counters[column_wise] = collections.Counter()
+        for instance in stats.instances if stats else ():
+            counters[column_wise].update(instance.counters)
+
+    rows, dead = got[True]
+    assert rows == got[False][0]
+    assert dead == got[False][1]
+    as_columns = {k: v for k, v in counters[True].items() if k.endswith("keys_as_columns")}
+    assert sum(as_columns.values()) > 20, counters[True]  # batch 3's keys, on 3 instances
+    assert not any(k.endswith("keys_as_columns") for k in counters[False])
+    found = [json.loads(r) for r in rows]
+    moved = {r["auction"] for r in found if (r["city"] or "").startswith("new")}
+    # sellers 0, 2, ... 28 of states kept moved in batch 3: its auctions see the new city
+    # (auction i is id 500 + i, of category 10 unless i % 3 == 0, sold by seller i % 30,
+    # who is in a kept state unless seller % 4 == 0)
+    assert moved == {500 + i for i in range(90, 150) if i % 3 and i % 2 == 0 and i % 30 % 4}
+    matched = sorted(r["auction"] for r in found if r["name"] is not None)
+    # sellers 0-19 from batch 1 on; 20-29 only in batch 3, and only the even ones
+    assert matched == [500 + i for i in range(150) if i % 3 and i % 30 % 4
+                       and (i % 30 < 20 or (i >= 90 and i % 2 == 0))]  # fmt: skip
+    unmatched = sum(1 for i in range(150) if i % 3) - len(matched)
+    assert len(found) - len(matched) == (0 if how == "inner" else unmatched)
+    assert sorted(d[0] for d in dead) == ["schema_mismatch", "schema_mismatch"]
+
+
+def test_each_side_of_a_join_of_declared_sources_has_the_schema_of_its_column_steps(
+    tmp_path: Path,
+) -> None:
+    schemas = input_schemas(suggestions(tmp_path, "inner", True), "q3")
+    assert schemas[0] == pa.schema([("id", pa.int64()), ("seller", pa.int64()),
+                                    ("date_time", pa.int64())])  # fmt: skip
+    assert schemas[1].names == ["id", "name", "city", "state", "date_time"]
+
+
+def test_a_side_reshaped_record_by_record_has_no_schema(tmp_path: Path) -> None:
+    flow = new_flow(tmp_path)
+    auctions = flow.source(KafkaSource(topics=("auctions",), value_schema=AUCTION))
+    people = flow.source(KafkaSource(topics=("people",), value_schema=PERSON))
+    people = people.map(lambda p: {**p, "extra": 1})
+    auctions.key_by("seller").join(people.key_by("id"), TableJoin(select=PICK), uid="q3").to(
+        ParquetSink("out", str(tmp_path / "out"))
+    )
+    assert list(input_schemas(flow.build(), "q3")) == [0]
