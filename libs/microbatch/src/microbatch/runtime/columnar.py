@@ -349,9 +349,9 @@ def batch_records(pipeline: Any, recs: Any) -> Callable[[int, int], Any]:
     from microbatch.runtime.envelope import decode_payload, decode_payloads
 
     decode = payload_decoder(pipeline)
-    payloads = recs.column("payload").to_pylist()
     if decode is decode_payload:  # the envelope's own encoding: runs decode at once
-        return PayloadRuns(payloads, decode_payloads)
+        return PayloadRuns(recs.column("payload"), decode_payloads)
+    payloads = recs.column("payload").to_pylist()
     return lambda i, j: DecodedRecords(map(decode, payloads[i:j]))
 
 
@@ -359,22 +359,32 @@ class PayloadRuns:
     """Records ``[i, j)`` of an instance's payloads, decoded a run of at least
     :attr:`RUN` at a time: keys come in order and most hold a few records, while one
     record decoded alone costs about as much as three in a run (a join of people by id:
-    one record per key)."""
+    one record per key). ``payloads`` may be an Arrow binary column, made a list when
+    first read (a join on columns never reads it)."""
 
     RUN = 1024
 
     def __init__(
-        self, payloads: list[bytes], decode: Callable[[Sequence[bytes]], list[Any]]
+        self,
+        payloads: list[bytes] | pa.ChunkedArray | pa.Array,
+        decode: Callable[[Sequence[bytes]], list[Any]],
     ) -> None:
-        self.payloads = payloads
+        self._payloads = payloads
         self.decode = decode
         self.start = self.end = 0
         self.values: list[Any] = []
 
+    @property
+    def payloads(self) -> list[bytes]:
+        if not isinstance(self._payloads, list):
+            self._payloads = self._payloads.to_pylist()
+        return self._payloads
+
     def __call__(self, i: int, j: int) -> DecodedRecords:
         if not self.start <= i <= j <= self.end:
-            self.start, self.end = i, max(j, min(i + self.RUN, len(self.payloads)))
-            self.values = self.decode(self.payloads[self.start : self.end])
+            payloads = self.payloads
+            self.start, self.end = i, max(j, min(i + self.RUN, len(payloads)))
+            self.values = self.decode(payloads[self.start : self.end])
         return DecodedRecords(self.values[i - self.start : j - self.start])
 
 

@@ -375,7 +375,7 @@ class StageTwo:
         if self.step is None:
             return batch_records(self.pipeline, recs)
         # records handed on by the step before: always payloads
-        return PayloadRuns(recs.column("payload").to_pylist(), decode_payloads)
+        return PayloadRuns(recs.column("payload"), decode_payloads)
 
     def _sides(self, recs: SortedRecords) -> list[int] | None:
         """The input side of each record in processing order (a join's); else None."""
