@@ -334,8 +334,9 @@ def q7(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
 # q8: new users --------------------------------------------------------------------------
 
 
-def new_user(person: dict[str, Any], seller: dict[str, Any]) -> dict[str, Any]:
-    return {"id": person["id"], "name": person["name"], "starttime": seller["window_start"]}
+#: Output fields named, not computed: the join runs on columns (the people's declared,
+#: the window's rows as they come); it adds window_start and window_end.
+NEW_USER = join_fields(left=["id", "name"], right={"starttime": "window_start"})
 
 
 def q8(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
@@ -348,7 +349,7 @@ def q8(name: str, topics: Topics, root: Path, reading: Reading) -> Pipeline:
     sellers = auctions.key_by("seller").window(
         windows.tumbling(WINDOW_MS).count().final(), uid="q8-sellers"
     )
-    joined = WindowJoin("date_time", "window_start", WINDOW_MS, select=new_user)
+    joined = WindowJoin("date_time", "window_start", WINDOW_MS, select=NEW_USER)
     people.key_by("id").join(sellers.key_by("key"), joined, uid="q8").to(out(root))
     return flow.build()
 

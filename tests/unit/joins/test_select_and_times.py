@@ -147,3 +147,21 @@ def test_fields_naming_a_field_a_record_lacks_says_which_and_of_which_side():
 def test_fields_refuses_what_cannot_make_a_record(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         fields(**kwargs)
+
+
+def test_times_of_an_integer_column_are_those_of_the_records():
+    import pyarrow as pa
+
+    records = [{"ts": 1_000}, {"ts": None}, {"ts": 2**62}, {"ts": -5}]
+    table = pa.Table.from_pylist(records)
+    for kind in (pa.int64(), pa.int32()):
+        if kind == pa.int32():
+            table = pa.table({"ts": pa.array([1_000, None, None, -5], kind)})
+            records = table.to_pylist()
+        got = EventTimeOf("Join", "left_time", "ts").plain_column(table)
+        assert got is not None
+        assert got.tolist() == EventTimeOf("Join", "left_time", "ts").plain(records).tolist()
+    text = pa.table({"ts": ["2024-01-01T00:00:00Z"]})
+    assert EventTimeOf("Join", "left_time", "ts").plain_column(text) is None  # read per record
+    assert EventTimeOf("Join", "left_time", "other").plain_column(table) is None
+    assert EventTimeOf("Join", "left_time", lambda r: r["ts"]).plain_column(table) is None

@@ -197,3 +197,27 @@ def test_missing_fields_other_values_and_other_types_send_all_to_the_records_pat
     assert codec_rows.decode_rows(pa.array([None], pa.binary()), DECLARED) is None
     when = pa.schema([("t", pa.timestamp("ms"))])
     assert codec_rows.decode_rows(pa.array(encode_values([{"t": 1}]), pa.binary()), when) is None
+
+
+def test_the_schema_of_alike_records_is_guessed_from_the_first_and_checked_on_all() -> None:
+    rows = [
+        {"key": "k", "n": None, "x": 1.5, "ok": True},
+        {"key": "j", "n": 3, "x": 2.0, "ok": False},
+    ]
+    payloads = pa.array(encode_values(rows), pa.binary())
+    schema = codec_rows.schema_of_records(payloads)
+    assert schema == pa.schema([("key", pa.string()), ("n", pa.int64()), ("x", pa.float64()),
+                                ("ok", pa.bool_())])  # fmt: skip
+    decoded = codec_rows.decode_rows(payloads, schema)
+    assert decoded is not None and decoded.to_pylist() == rows
+    later = pa.array(encode_values([*rows, {**rows[0], "x": 3}]), pa.binary())
+    assert codec_rows.decode_rows(later, codec_rows.schema_of_records(later)) is None
+
+
+@pytest.mark.parametrize(
+    "first",
+    [None, 5, [1, 2], {}, {"n": None}, {"nested": {"a": 1}}, {"raw": b"x"}, {1: "int key"}],
+)
+def test_no_schema_is_guessed_from_records_that_are_no_flat_rows(first: object) -> None:
+    payloads = pa.array(encode_values([first, {"other": 1}]), pa.binary())
+    assert codec_rows.schema_of_records(payloads) is None

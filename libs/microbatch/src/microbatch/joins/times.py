@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from microbatch.errors import ConfigError
 from microbatch.runtime.decoding import MAX_EPOCH_MS, MIN_EPOCH_MS, event_time_ms
@@ -75,6 +76,20 @@ class EventTimeOf:
             return to_epoch_ms(raw)
         except (ValueError, TypeError, OverflowError) as e:
             raise RecordTimeError("bad_event_time", f"{self._label}: {e}") from e
+
+    def plain_column(self, columns: pa.Table) -> np.ndarray | None:
+        """:meth:`plain` of records given as ``columns``: where the time is a field held
+        as an integer column (else None: read the records). Nulls and values out of range
+        are :data:`UNREADABLE`."""
+        spec = self.spec
+        if not isinstance(spec, str) or spec not in columns.column_names:
+            return None
+        column = columns.column(spec)
+        if not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type):
+            return None
+        values = column.cast(pa.int64()).fill_null(UNREADABLE).to_numpy()
+        inside = (values >= MIN_EPOCH_MS) & (values <= MAX_EPOCH_MS)
+        return np.where(inside, values, UNREADABLE)
 
     def plain(self, records: Sequence[Any]) -> np.ndarray:
         """Each record's time where it is plain epoch ms (an int in range, as most are);

@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import pyarrow as pa
 
 from microbatch.errors import ConfigError
 from microbatch.joins.base import LATE, SIDES, JoinFunction
 from microbatch.joins.base import watermark_before as _watermark_before
-from microbatch.joins.select import Select, check_select
+from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 from microbatch.windows.api import WindowBuilder
@@ -137,10 +138,14 @@ class WindowJoin(JoinFunction):
             return None  # (a record of a third input: process() refuses it)
         records, bounds, size = batch.records, batch.bounds, self.window.size_ms
         key_of = np.repeat(np.arange(batch.key_count), np.diff(bounds))
+        columns = self._columns(batch)
         times = np.empty(len(records), dtype=np.int64)
         for side, time_of in enumerate((self.left_time, self.right_time)):
             at = np.nonzero(sides == side)[0]
-            times[at] = time_of.plain([records[i] for i in at.tolist()])
+            if columns is not None:
+                times[at] = columns[2][side]
+            else:
+                times[at] = time_of.plain([records[i] for i in at.tolist()])
         unreadable = times == UNREADABLE
         rec, start = self._windows_of(np.where(unreadable, 0, times))
         end = start + size
@@ -154,10 +159,71 @@ class WindowJoin(JoinFunction):
         key, side = key_of[rec], sides[rec]
         order = np.lexsort((rec, times[rec], side, start, key))
         rec, start, key, side = rec[order], start[order], key[order], side[order]
+        if columns is not None:
+            table, keys = self._pair_columns(columns[0], columns[1], sides, rec, start, key, side)
+            return Handled(~skip, {}, table, keys)
         emitted, failed = self._pairs(records, rec, start, key, side)
         handled = ~skip
         handled[list(failed)] = False
         return Handled(handled, emitted)
+
+    @property
+    def reads_columns(self) -> bool:
+        """Can a batch be joined on columns (``batch.columns``)? With ``fields(...)``
+        for ``select`` and both times read from a field."""
+        return isinstance(self.select, Fields) and all(
+            isinstance(t.spec, str) for t in (self.left_time, self.right_time)
+        )
+
+    def _columns(
+        self, batch: KeyedBatch
+    ) -> tuple[pa.Table, pa.Table, tuple[np.ndarray, np.ndarray]] | None:
+        """Both sides' columns and their times, where the batch can be joined on them:
+        ``select``'s fields there and each time an integer column."""
+        if batch.columns is None or not self.reads_columns:
+            return None
+        select = cast("Fields", self.select)
+        left, right = batch.columns.table(0), batch.columns.table(1)
+        if left is None or right is None:
+            return None
+        if not all(f in t.column_names for t, picked in ((left, select.left), (right, select.right))
+                   for _, f in picked):  # fmt: skip
+            return None  # the records path names the missing field
+        times = self.left_time.plain_column(left), self.right_time.plain_column(right)
+        if times[0] is None or times[1] is None:
+            return None
+        return left, right, (times[0], times[1])
+
+    def _pair_columns(
+        self, left: pa.Table, right: pa.Table, sides: np.ndarray, rec: np.ndarray,
+        start: np.ndarray, key: np.ndarray, side: np.ndarray,
+    ) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
+        """:meth:`_pairs` on columns: every pair of each (key, window) group with both
+        sides, in the same order, taken from the sides' columns at once; and each output
+        row's key."""
+        select, size = cast("Fields", self.select), self.window.size_ms
+        new = np.ones(len(rec), dtype=bool)
+        new[1:] = (key[1:] != key[:-1]) | (start[1:] != start[:-1])
+        first = np.flatnonzero(new)
+        last = np.append(first[1:], len(rec))
+        lefts = np.add.reduceat((side == 0).astype(np.int64), first) if len(rec) else first
+        both = np.flatnonzero((lefts > 0) & (lefts < last - first))
+        a, m, b = first[both], first[both] + lefts[both], last[both]
+        across = b - m  # each left record pairs with every right record of its group
+        count = (m - a) * across
+        group = np.repeat(np.arange(len(both)), count)
+        j = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        row_of = np.empty(len(sides), dtype=np.int64)  # a record's row in its side's table
+        for s in (0, 1):
+            at = np.flatnonzero(sides == s)
+            row_of[at] = np.arange(len(at))
+        lrows = pa.array(row_of[rec[a[group] + j // across[group]]])
+        rrows = pa.array(row_of[rec[m[group] + j % across[group]]])
+        out: dict[str, Any] = {name: left.column(f).take(lrows) for name, f in select.left}
+        out |= {name: right.column(f).take(rrows) for name, f in select.right}
+        starts = start[a][group]
+        out["window_start"], out["window_end"] = pa.array(starts), pa.array(starts + size)
+        return pa.table(out), key[a][group]
 
     def _windows_of(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(record, window start) of every window of each record, ascending per record

@@ -1,13 +1,15 @@
 """A join's records of one batch as Arrow columns, per input side.
 
-Records reach a keyed step as payloads (the codec's bytes of each record). When a side's
-records are rows of a source's declared columns — its ``value_schema`` after its
-``where``/``select``, with no record-wise step between (:func:`input_schemas`) — their
-payloads can be read straight back into those columns
+Records reach a keyed step as payloads (the codec's bytes of each record). Where a side's
+records are all alike — rows of a source's declared columns (its ``value_schema`` after
+its ``where``/``select``, with no record-wise step between: :func:`input_schemas`), or
+flat records of the same fields and types, as a window's output rows are — their payloads
+can be read straight back into columns
 (:func:`~microbatch.state.codec_rows.decode_rows`), and a function that reads columns
-(``TableJoin`` with ``select=fields(...)``) joins them without a dict per record. The
-schema is a promise checked on every batch: one payload that is not exactly such a row
-and the side has no table (None), so the function takes its records as before.
+(a ``TableJoin`` or ``WindowJoin`` with ``select=fields(...)``) joins them without a dict
+per record. The schema is checked on every record of every batch: one payload that is
+not exactly such a row and the side has no table (None), so the function takes its
+records as before.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pyarrow as pa
 from microbatch.runtime.column_plan import decoded_as_columns
 from microbatch.runtime.columns import output_schema
 from microbatch.runtime.graph import edges_into
-from microbatch.state.codec_rows import decode_rows
+from microbatch.state.codec_rows import decode_rows, schema_of_records
 
 if TYPE_CHECKING:
     from microbatch.runtime.pipeline import Pipeline
@@ -43,13 +45,14 @@ class SideColumns:
         return self._payloads.filter(pa.array(self._sides == side))
 
     def table(self, side: int) -> pa.Table | None:
-        """Side ``side``'s records as columns, in processing order; None when the side
-        has no schema or a record is not a row of it."""
+        """Side ``side``'s records as columns, in processing order; None when a record is
+        not a row of the side's schema — its declared one, else the one its first
+        records suggest (:func:`~microbatch.state.codec_rows.schema_of_records`: a
+        window's output rows, records of a source without a declared schema)."""
         if side not in self._tables:
-            schema = self._schemas.get(side)
-            self._tables[side] = (
-                None if schema is None else decode_rows(self.payloads(side), schema)
-            )
+            payloads = self.payloads(side)
+            schema = self._schemas.get(side) or schema_of_records(payloads)
+            self._tables[side] = None if schema is None else decode_rows(payloads, schema)
         return self._tables[side]
 
 
@@ -80,7 +83,7 @@ def side_columns(
     pipeline: Pipeline, step: str | None, fn: Any, recs: SortedRecords, sides: np.ndarray | None
 ) -> SideColumns | None:
     """The records of step ``step`` (None: the first) as columns per side, for a function
-    that reads them (``fn.reads_columns``) and a side with a schema; else None."""
+    that reads them (``fn.reads_columns``); else None."""
     from microbatch.runtime.decoding import payload_decoder
     from microbatch.runtime.envelope import decode_payload
     from microbatch.runtime.graph import first_uid
@@ -90,8 +93,6 @@ def side_columns(
     if step is None and payload_decoder(pipeline) is not decode_payload:
         return None  # the first step's payloads are raw source values, not records
     schemas = input_schemas(pipeline, step if step is not None else first_uid(pipeline))
-    if not schemas:
-        return None
     payloads = recs.column("payload").combine_chunks()
     return SideColumns(payloads, sides, schemas)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.native_buffers import array_of
-from microbatch.state.codec import FAST_TAG, encode_values
+from microbatch.state.codec import FAST_TAG, decode_values, encode_values
 
 # The extension's column kinds, and the Arrow type each is read as.
 _INT, _UINT, _FLOAT, _BOOL, _STRING, _BINARY, _NULL = range(7)
@@ -72,6 +72,37 @@ def decode_rows(payloads: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.T
         for field, (validity, nulls, values, offsets) in zip(schema, columns, strict=True)
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def schema_of_records(payloads: pa.Array | pa.ChunkedArray, scan: int = 64) -> pa.Schema | None:
+    """The schema the records of ``payloads`` would be rows of if they are alike: the
+    fields of the first, each typed by its first non-null value among the first ``scan``
+    (int → int64, float → float64, str → string, bool → boolean; all nullable). None when
+    the first is no flat record of such values or a field is null throughout the scan.
+    A guess: :func:`decode_rows` then checks every record against it."""
+    sample = payloads.slice(0, scan).to_pylist()
+    if not sample or sample[0] is None:
+        return None
+    try:
+        records = decode_values(sample)
+    except Exception:  # not the codec's bytes: no guess
+        return None
+    first = records[0]
+    if type(first) is not dict or not first:
+        return None
+    types: dict[str, pa.DataType] = {}
+    for name in first:
+        if type(name) is not str:
+            return None
+        value = next((r[name] for r in records if type(r) is dict and r.get(name) is not None), None)
+        kind = _TYPE_OF_VALUE.get(type(value))
+        if kind is None:
+            return None
+        types[name] = kind
+    return pa.schema([pa.field(name, kind) for name, kind in types.items()])
+
+
+_TYPE_OF_VALUE = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
 
 
 # Arrow types decode_rows builds, numbered as the extension's JSON decoder numbers them.
