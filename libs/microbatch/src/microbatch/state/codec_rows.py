@@ -94,8 +94,8 @@ def schema_of_records(payloads: pa.Array | pa.ChunkedArray, scan: int = 64) -> p
     for name in first:
         if type(name) is not str:
             return None
-        value = next((r[name] for r in records if type(r) is dict and r.get(name) is not None), None)
-        kind = _TYPE_OF_VALUE.get(type(value))
+        values = (r.get(name) for r in records if type(r) is dict)
+        kind = _TYPE_OF_VALUE.get(type(next((v for v in values if v is not None), None)))
         if kind is None:
             return None
         types[name] = kind
