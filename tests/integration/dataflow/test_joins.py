@@ -117,6 +117,13 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
         o.join(p, join, uid=f"join-{how}").to(ParquetSink(how, f"{tmp_path}/{how}"))
     windowed = WindowJoin("ts", "ts", "20s")
     o.join(p, windowed, uid="join-window").to(ParquetSink("window", f"{tmp_path}/window"))
+    # The same inner and window joins naming their output: they join on columns.
+    named = fields(left=["oid", "card"], right=["pid"])
+    o.join(p, IntervalJoin("ts", "ts", between=(-2_000, 2_000), select=named),
+           uid="join-columns").to(ParquetSink("columns", f"{tmp_path}/columns"))  # fmt: skip
+    o.join(p, WindowJoin("ts", "ts", "20s", select=named), uid="join-window-columns").to(
+        ParquetSink("window_columns", f"{tmp_path}/window_columns")
+    )
     pipeline = flow.build()
 
     runner = BatchRunner(spark, pipeline, kafka_settings)
@@ -127,7 +134,7 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
     for i in (2, 3):  # the rest, then one more: the flush moved the watermark past all
         runner.run(BatchOptions(run_id=f"r{i}", parallelism=1))
 
-    sinks = ("inner", "full", "window")
+    sinks = ("inner", "full", "window", "columns", "window_columns")
     got = {name: read_parquet_sink(str(tmp_path / name)).to_pylist() for name in sinks}
     inner = spark_pairs(spark, orders, payments, "inner")
     assert sum(inner.values()) > 50, "the data should join often"
@@ -136,6 +143,8 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
     same_window = spark_pairs(spark, orders, payments, "inner", SAME_WINDOW)
     assert sum(same_window.values()) > 50, "the data should share windows often"
     assert pairs(got["window"]) == same_window
+    assert pairs(got["columns"]) == pairs(got["inner"])
+    assert pairs(got["window_columns"]) == same_window
     assert read_parquet_sink(str(tmp_path / "dead")).num_rows == 0
     row = next(r for r in got["inner"] if r["card"] != "flush")
     assert set(row) >= {"oid", "pid", "card", "ts", "ts_right"}

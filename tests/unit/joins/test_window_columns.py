@@ -79,11 +79,18 @@ def run(root: Path, data: str, column_wise: bool) -> tuple[list, list, collectio
             runner.run(BatchOptions(run_id="r"))
         rows = read_parquet_sink(str(root / "out")).to_pylist()
         out.append(sorted(json.dumps(r, sort_keys=True) for r in rows))
-        stats = BatchRecord.of(latest_manifest(open_store(pipeline.checkpoints, settings),
-                                               Layout())).stats  # fmt: skip
-        for instance in stats.instances if stats else ():
-            counters.update(instance.counters)
+        counters += counters_of(pipeline, settings)
     return out, dead_letters(root / "dead"), counters
+
+
+def counters_of(pipeline: Any, settings: Settings) -> collections.Counter:
+    """The instance counters of the pipeline's last committed batch, summed."""
+    manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
+    stats = BatchRecord.of(manifest).stats
+    counters: collections.Counter = collections.Counter()
+    for instance in stats.instances if stats else ():
+        counters.update(instance.counters)
+    return counters
 
 
 @pytest.mark.parametrize("data", ["alike", "messy"])

@@ -17,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
+
 from microbatch.errors import ConfigError, ProcessError
+from microbatch.joins.select import Fields
 from microbatch.joins.times import EventTimeOf, RecordTimeError
-from microbatch.runtime.process import KeyedProcessFunction, ProcessContext, Sided
+from microbatch.runtime.process import KeyedBatch, KeyedProcessFunction, ProcessContext, Sided
 
 LEFT, RIGHT = 0, 1
 SIDES = ("left", "right")
@@ -97,3 +100,24 @@ class JoinFunction(KeyedProcessFunction):
                 ctx.dead_letter(e.reason, f"{self.name} {SIDES[side]} record: {e.error}", record)
         out.sort(key=lambda x: x[:2])
         return out
+
+
+def side_tables(
+    batch: KeyedBatch, select: Fields, times: tuple[str | None, str | None] = (None, None)
+) -> tuple[pa.Table, pa.Table] | None:
+    """Both sides' records of ``batch`` as columns holding the fields ``select`` (and each
+    side's time field, ``times``) reads; a side without records is an empty table of
+    null columns. None when a side's records are no table or lack such a field: the
+    records path then takes them (and names a missing field)."""
+    if batch.columns is None:
+        return None
+    tables = []
+    for side, picked in ((LEFT, select.left), (RIGHT, select.right)):
+        read = [field for _, field in picked] + ([times[side]] if times[side] else [])
+        table = batch.columns.table(side)
+        if table is None and not batch.columns.count(side):
+            table = pa.table({field: pa.nulls(0) for field in dict.fromkeys(read)})
+        if table is None or not all(field in table.column_names for field in read):
+            return None
+        tables.append(table)
+    return tables[0], tables[1]

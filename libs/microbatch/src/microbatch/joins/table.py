@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import LEFT, RIGHT, JoinFunction, check_how
+from microbatch.joins.base import LEFT, RIGHT, JoinFunction, check_how, side_tables
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 from microbatch.state.codec_rows import decode_rows
@@ -151,13 +151,10 @@ class TableJoin(JoinFunction):
         side has no columns or a stored value is not a row of the table's schema."""
         assert batch.columns is not None and batch.sides is not None
         select = cast("Fields", self.select)
-        stream, table = batch.columns.table(LEFT), batch.columns.table(RIGHT)
-        if stream is None or table is None:
+        tables = side_tables(batch, select)
+        if tables is None:
             return None
-        if not {f for _, f in select.left} <= set(stream.column_names) or not {
-            f for _, f in select.right
-        } <= set(table.column_names):
-            return None  # the records path names the missing field
+        stream, table = tables
         count, sides = batch.key_count, batch.sides
         key_of = np.repeat(np.arange(count), np.diff(batch.bounds))
         changed = key_of[sides == RIGHT]  # each table record's key, in order

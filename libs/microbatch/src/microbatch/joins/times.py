@@ -85,6 +85,8 @@ class EventTimeOf:
         if not isinstance(spec, str) or spec not in columns.column_names:
             return None
         column = columns.column(spec)
+        if pa.types.is_null(column.type):  # no time at all (a side without records)
+            return np.full(len(column), UNREADABLE, dtype=np.int64)
         if not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type):
             return None
         values = column.cast(pa.int64()).fill_null(UNREADABLE).to_numpy()

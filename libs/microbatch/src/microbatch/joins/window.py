@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import LATE, SIDES, JoinFunction
+from microbatch.joins.base import LATE, SIDES, JoinFunction, side_tables
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
@@ -182,13 +182,11 @@ class WindowJoin(JoinFunction):
         ``select``'s fields there and each time an integer column."""
         if batch.columns is None or not self.reads_columns:
             return None
-        select = cast("Fields", self.select)
-        left, right = batch.columns.table(0), batch.columns.table(1)
-        if left is None or right is None:
+        spec = cast("tuple[str, str]", (self.left_time.spec, self.right_time.spec))
+        tables = side_tables(batch, cast("Fields", self.select), spec)
+        if tables is None:
             return None
-        if not all(f in t.column_names for t, picked in ((left, select.left), (right, select.right))
-                   for _, f in picked):  # fmt: skip
-            return None  # the records path names the missing field
+        left, right = tables
         times = self.left_time.plain_column(left), self.right_time.plain_column(right)
         if times[0] is None or times[1] is None:
             return None

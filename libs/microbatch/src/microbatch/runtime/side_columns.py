@@ -40,6 +40,10 @@ class SideColumns:
         self._payloads, self._sides, self._schemas = payloads, sides, schemas
         self._tables: dict[int, pa.Table | None] = {}
 
+    def count(self, side: int) -> int:
+        """How many records side ``side`` has."""
+        return int((self._sides == side).sum())
+
     def payloads(self, side: int) -> pa.Array:
         """Side ``side``'s payloads, in processing order (row ``i`` of :meth:`table`)."""
         return self._payloads.filter(pa.array(self._sides == side))
