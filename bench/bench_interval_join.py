@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import time
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from benchlib import load, log, print_table
+from benchlib import load, log, print_ratios
 
 from microbatch.joins import IntervalJoin, fields
 from microbatch.keygroups import KeyGroupRange, encode_key, key_group_of_bytes
@@ -128,13 +127,7 @@ def main() -> None:
             raise SystemExit("the two paths gave different pairs")
         log(f"round {r + 1}: {len(outs['columns']):,} pairs, {load()}")
     gc.enable()
-    rows = []
-    for name in paths:
-        ts = times[name]
-        ratio = statistics.median(times["key by key"]) / statistics.median(times["columns"])
-        shown = f"{ratio:.2f}×" if name == "columns" else ""
-        rows.append((name, f"{statistics.median(ts):.3f} ({min(ts):.3f})", shown))
-    print_table(rows)  # path, CPU-s median (best), key by key ÷ columns
+    print_ratios(times, [("columns", "key by key")])  # CPU-s median (best), key by key ÷ columns
     log(f"{args.rounds} rounds; now {load()}")
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from benchlib import load, log, print_table
+from benchlib import load, log, print_ratios
 
 from microbatch.keygroups import KeyGroupRange, encode_key, key_group_of_bytes
 from microbatch.state.backend import KeyedStateBackend
@@ -122,20 +121,13 @@ def main() -> None:
             times.setdefault("keep: file per block", []).append(t)
             log(f"round {r + 1}: {len(fast):,} entries, {len(index.blocks):,} blocks, {load()}")
     gc.enable()
-    rows = []
     pairs = [
         ("entries: many keys", "entries: key by key"),
         ("encode: one thread", "encode: thread pool"),
         ("decode: one thread", "decode: thread pool"),
         ("keep: one file", "keep: file per block"),
     ]
-    for ours, reference in pairs:
-        for name in (ours, reference):
-            ts = times[name]
-            ratio = statistics.median(times[reference]) / statistics.median(times[ours])
-            shown = f"{ratio:.2f}×" if name == ours else ""
-            rows.append((name, f"{statistics.median(ts):.3f} ({min(ts):.3f})", shown))
-    print_table(rows)  # path, CPU-s median (best), reference ÷ ours
+    print_ratios(times, pairs)  # path, CPU-s median (best), reference ÷ ours
     log(f"{args.rounds} rounds; now {load()}")
 
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import time
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from benchlib import load, log, print_table
+from benchlib import load, log, print_ratios
 
 from microbatch.joins import TableJoin, fields
 from microbatch.keygroups import KeyGroupRange, encode_key, key_group_of_bytes
@@ -141,15 +140,9 @@ def main() -> None:
         rows = sum(len(o) for o in outs["columns"])
         log(f"round {r + 1}: {rows:,} rows joined, {len(states['columns']):,} values, {load()}")
     gc.enable()
-    rows = []
-    for batch in ("with table rows", "values from state"):
-        ours, reference = f"columns: {batch}", f"records: {batch}"
-        for name in (ours, reference):
-            ts = times[name]
-            ratio = statistics.median(times[reference]) / statistics.median(times[ours])
-            shown = f"{ratio:.2f}×" if name == ours else ""
-            rows.append((name, f"{statistics.median(ts):.3f} ({min(ts):.3f})", shown))
-    print_table(rows)  # path, CPU-s median (best), records ÷ columns
+    batches = ("with table rows", "values from state")
+    # path, CPU-s median (best), records ÷ columns
+    print_ratios(times, [(f"columns: {b}", f"records: {b}") for b in batches])
     log(f"{args.rounds} rounds; now {load()}")
 
 

@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -24,6 +25,19 @@ def print_table(rows: list[tuple[str, str, str]]) -> None:
     print(f"{'-' * w0}  {'-' * w1}  {'-' * 40}")
     for name, value, note in rows:
         print(f"{name:<{w0}}  {value:>{w1}}  {note}")
+
+
+def print_ratios(times: dict[str, list[float]], pairs: list[tuple[str, str]]) -> None:
+    """For each ``(ours, reference)`` of ``pairs``: both paths' CPU seconds over the
+    rounds, median (best), and on ours the ratio of the medians, reference ÷ ours."""
+    rows = []
+    for ours, reference in pairs:
+        ratio = statistics.median(times[reference]) / statistics.median(times[ours])
+        for name in (ours, reference):
+            ts = times[name]
+            shown = f"{ratio:.2f}×" if name == ours else ""
+            rows.append((name, f"{statistics.median(ts):.3f} ({min(ts):.3f})", shown))
+    print_table(rows)
 
 
 def log(message: str) -> None:

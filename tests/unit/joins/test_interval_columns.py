@@ -6,7 +6,6 @@ to ``process``), its output and dead letters equal the same join of dicts."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,15 @@ import pytest
 
 from microbatch.joins import IntervalJoin, fields
 from microbatch.keygroups import KeyGroupRange, encode_key
-from microbatch.runtime import BatchOptions, BatchRunner, KafkaSource, ParquetSink
+from microbatch.runtime import KafkaSource, ParquetSink
 from microbatch.runtime.process import Handled, KeyedBatch
 from microbatch.runtime.side_columns import RecordsOnUse, SideColumns
-from microbatch.settings import Settings
-from microbatch.sinks import read_parquet_sink
 from microbatch.state.backend import KeyedStateBackend
 from microbatch.state.codec import encode_values
 from microbatch.testing import ProcessHarness, sided
-from tests.unit.dataflow.test_joins_at_once import BATCHES, crash_then_rescale, two_topics
-from tests.unit.joins.test_window_columns import counters_of, produce_alike
-from tests.unit.runtime.test_window_pre_aggregation import PerPartition, dead_letters
+from tests.unit.dataflow.test_joins_at_once import two_topics
+from tests.unit.joins.test_window_columns import produce_alike, run_batches
+from tests.unit.runtime.test_window_pre_aggregation import dead_letters
 
 PICK = fields(left={"person": "id", "name": "name", "at": "ts"}, right={"sold_at": "ts"})
 
@@ -40,19 +37,8 @@ def run(root: Path, column_wise: bool) -> tuple[list, list, Any]:
     people.key_by("id").join(auctions.key_by("seller"), join, uid="sold-by").to(
         ParquetSink("out", str(root / "out"))
     )
-    pipeline = flow.build()
-    settings = dataclasses.replace(Settings.from_env(), spark_master="local[1]")
-    out = []
-    for n, (start, count) in enumerate(BATCHES):
-        produce_alike(log, seed=n, start=start, n=count)
-        runner = BatchRunner(None, pipeline, settings, executor=PerPartition(log), broker=log)
-        if column_wise:  # batch 2 crashes in stage 2 and is replayed, batch 3 on rescales
-            crash_then_rescale(runner, n)
-        else:
-            runner.run(BatchOptions(run_id="r"))
-        rows = read_parquet_sink(str(root / "out")).to_pylist()
-        out.append(sorted(tuple(sorted(r.items())) for r in rows))
-    return out, dead_letters(root / "dead"), counters_of(pipeline, settings)
+    out, counters = run_batches(flow.build(), log, root / "out", produce_alike, column_wise)
+    return out, dead_letters(root / "dead"), counters
 
 
 def test_an_inner_interval_join_on_columns_gives_what_the_join_of_dicts_gives(

@@ -11,18 +11,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.joins import TableJoin, fields
+from microbatch.keygroups import KeyGroupRange, encode_key, key_group_of_bytes
 from microbatch.runtime import BatchRunner, KafkaSource, ParquetSink, Pipeline
 from microbatch.runtime import side_columns as side_columns_module
+from microbatch.runtime.process import Handled, KeyedBatch
 from microbatch.runtime.records import BatchRecord
-from microbatch.runtime.side_columns import input_schemas
+from microbatch.runtime.side_columns import RecordsOnUse, SideColumns, input_schemas
 from microbatch.settings import Settings
+from microbatch.state.backend import KeyedStateBackend
+from microbatch.state.codec import encode_values
 from microbatch.storage import open_store
+from microbatch.testing import ProcessHarness, sided
 from tests.unit.dataflow.test_column_steps_of_several_sources import (
     AUCTION,
     PERSON,
@@ -141,3 +147,46 @@ def test_a_side_reshaped_record_by_record_has_no_schema(tmp_path: Path) -> None:
         ParquetSink("out", str(tmp_path / "out"))
     )
     assert list(input_schemas(flow.build(), "q3")) == [0]
+
+
+def test_a_batch_without_table_records_reads_undeclared_stored_values_as_columns() -> None:
+    """No declared schema on either side: the first batch's columns are read off its
+    records; the second has only stream records, and the stored values' columns are read
+    off the stored values — the same rows as the join of dicts, both batches on columns."""
+    join = TableJoin(how="left", select=fields(left=["order"], right=["city"]))
+    by_dicts = ProcessHarness(TableJoin(how="left", select=lambda o, c: join.select(o, c)))
+    backend = KeyedStateBackend(8, KeyGroupRange(0, 7))
+    batches = [
+        ([("c1", {"order": 1}), ("c2", {"order": 2})], [("c1", {"city": "Oslo"})]),
+        ([("c1", {"order": 3}), ("c3", {"order": 4})], []),
+    ]
+    for orders, customers in batches:
+        want = by_dicts.batch(sided(orders, customers)).emitted
+        handled = on_columns(join, backend, orders, customers)
+        assert handled is not None and handled.columns is not None
+        assert tuple(handled.columns.to_pylist()) == want
+    assert want == ({"order": 3, "city": "Oslo"}, {"order": 4, "city": None})
+
+
+def on_columns(
+    join: TableJoin, backend: KeyedStateBackend, stream: list, table: list
+) -> Handled | None:
+    """``process_batch`` of one batch given as columns (keys in the order of their bytes,
+    each key's table records first), on ``backend``'s state."""
+    tagged = sorted(
+        [(encode_key(k), 1, i, r) for i, (k, r) in enumerate(table)]
+        + [(encode_key(k), 0, i, r) for i, (k, r) in enumerate(stream)],
+        key=lambda x: (x[0], -x[1], x[2]),
+    )
+    key_bytes = sorted({kb for kb, *_ in tagged})
+    bounds = np.searchsorted([kb for kb, *_ in tagged], key_bytes, side="left")
+    bounds = np.append(bounds, len(tagged)).astype(np.int64)
+    records = [r for *_, r in tagged]
+    sides = np.array([s for _, s, *_ in tagged], dtype=np.int8)
+    payloads = pa.array(encode_values(records), pa.binary())
+    batch = KeyedBatch.on_backend(
+        backend, [key_group_of_bytes(kb, 8) for kb in key_bytes], key_bytes,
+        RecordsOnUse(lambda i, j: records[i:j], len(records)), bounds, sides, None, None,
+        SideColumns(payloads, sides, {}),
+    )  # fmt: skip
+    return join.process_batch(batch)

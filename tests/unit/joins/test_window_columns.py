@@ -67,20 +67,30 @@ def run(root: Path, data: str, column_wise: bool) -> tuple[list, list, collectio
     people.key_by("id").join(sellers.key_by("key"), join, uid="new-users").to(
         ParquetSink("out", str(root / "out"))
     )
-    pipeline = flow.build()
+    make = produce_alike if data == "alike" else produce
+    out, counters = run_batches(flow.build(), log, root / "out", make, column_wise)
+    return out, dead_letters(root / "dead"), counters
+
+
+def run_batches(
+    pipeline: Any, log: Log, out: Path, make: Any, column_wise: bool
+) -> tuple[list[list[str]], collections.Counter]:
+    """Each of ``BATCHES``, made by ``make`` and run — column-wise, batch 2 crashes in
+    stage 2 and is replayed, batch 3 on rescales — and the sink's rows after each
+    (sorted, as JSON), with the instance counters of every batch summed."""
     settings = dataclasses.replace(Settings.from_env(), spark_master="local[1]")
-    out, counters = [], collections.Counter()
+    rows_after, counters = [], collections.Counter()
     for n, (start, count) in enumerate(BATCHES):
-        (produce_alike if data == "alike" else produce)(log, seed=n, start=start, n=count)
+        make(log, seed=n, start=start, n=count)
         runner = BatchRunner(None, pipeline, settings, executor=PerPartition(log), broker=log)
-        if column_wise:  # batch 2 crashes in stage 2 and is replayed, batch 3 on rescales
+        if column_wise:
             crash_then_rescale(runner, n)
         else:
             runner.run(BatchOptions(run_id="r"))
-        rows = read_parquet_sink(str(root / "out")).to_pylist()
-        out.append(sorted(json.dumps(r, sort_keys=True) for r in rows))
+        rows = read_parquet_sink(str(out)).to_pylist()
+        rows_after.append(sorted(json.dumps(r, sort_keys=True) for r in rows))
         counters += counters_of(pipeline, settings)
-    return out, dead_letters(root / "dead"), counters
+    return rows_after, counters
 
 
 def counters_of(pipeline: Any, settings: Settings) -> collections.Counter:

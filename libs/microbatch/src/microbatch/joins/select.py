@@ -15,10 +15,11 @@ A custom ``select`` gets the same arguments (either may be ``None`` in an outer 
 may return any record the step's sinks accept.
 
 :func:`fields` names the output instead of computing it: which fields of each side, under
-which names. A join whose inputs travel as columns (sources with a declared schema) and
-whose ``select`` is ``fields(...)`` can then join column by column, with no record built
-per row (see :class:`~microbatch.joins.table.TableJoin`). On records it gives the same
-dict, a missing side's fields ``None``::
+which names. A table, window or inner interval join whose ``select`` is ``fields(...)``
+can then join column by column where its inputs' records are alike (rows of a declared
+schema, a window's output rows), with no record built per row
+(:mod:`microbatch.runtime.side_columns`). On records it gives the same dict, a missing
+side's fields ``None``::
 
     >>> pick = fields(left=["id"], right={"seller": "name"})
     >>> pick({"id": 1, "price": 5}, {"name": "Ann", "city": "Oslo"})
@@ -81,10 +82,7 @@ class Fields:
         return out
 
     def __repr__(self) -> str:
-        def side(picked: tuple[tuple[str, str], ...]) -> dict[str, str]:
-            return dict(picked)
-
-        return f"fields(left={side(self.left)!r}, right={side(self.right)!r})"
+        return f"fields(left={dict(self.left)!r}, right={dict(self.right)!r})"
 
     @property
     def names(self) -> list[str]:

@@ -24,12 +24,13 @@ batch before any ``process`` call (values encoded and written in one go); a key 
 ``select`` or ``tombstone`` raises is left to ``process``.
 
 **Column by column.** With ``select=fields(...)`` and no ``tombstone`` function, where
-both inputs are rows of declared schemas (sources with a ``value_schema``, after their
-``where``/``select``), a batch is joined on Arrow columns: the table's new values are
-stored as the payloads they came as, a stored value is read back into columns, and the
-output is a table taken from both sides' columns — no dict per record. Same rule, same
-state, same output; a batch it cannot take so (a record that is not a row of its
-schema, a stored value of another shape) goes record by record.
+each input's records are alike (rows of a declared schema: sources with a
+``value_schema``, after their ``where``/``select``; or flat records of the same fields
+and types), a batch is joined on Arrow columns: the table's new values are stored as the
+payloads they came as, a stored value is read back into columns, and the output is a
+table taken from both sides' columns — no dict per record. Same rule, same state, same
+output; a batch it cannot take so (a record that is not a row of its side's schema, a
+stored value of another shape) goes record by record.
 
 ``how="inner"``: a stream record with no value for its key emits nothing. ``"left"``: it
 is emitted with the right side ``None``.
@@ -47,7 +48,7 @@ from microbatch.errors import ConfigError
 from microbatch.joins.base import LEFT, RIGHT, JoinFunction, check_how, side_tables
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
-from microbatch.state.codec_rows import decode_rows
+from microbatch.state.codec_rows import decode_rows, schema_of_records
 
 HOWS = ("inner", "left")
 STATE = "table"
@@ -169,11 +170,14 @@ class TableJoin(JoinFunction):
         state = batch.value(STATE)
         found = [(k, data) for k, data in zip(wanted.tolist(), state.get_many_encoded(
             wanted.tolist()), strict=True) if data is not None]  # fmt: skip
-        stored = decode_rows(pa.array([d for _, d in found], pa.binary()), table.schema)
+        datas, schema = pa.array([d for _, d in found], pa.binary()), table.schema
+        if any(pa.types.is_null(t) for t in schema.types):  # no table record this batch
+            schema = schema_of_records(datas) or schema  # and none declared: as stored
+        stored = decode_rows(datas, schema)
         if stored is None:
             return None
         value_row[[k for k, _ in found]] = len(updated) + np.arange(len(found))
-        values = pa.concat_tables([table.take(updates), stored])
+        values = pa.concat_tables([table.take(updates), stored], promote_options="default")
         rows = value_row[stream_keys]
         matched = rows >= 0
         if self.how == "inner":

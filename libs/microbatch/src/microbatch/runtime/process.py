@@ -139,8 +139,8 @@ class KeyedBatch:
     watermark_before: int | None
     #: ``(name, ttl)`` → that value state of every key of the batch (see :meth:`value`).
     values_of: Callable[[str, float | None], KeyedValues] | None = None
-    #: A join's records as columns per side, where its inputs are rows of declared
-    #: schemas (:mod:`~microbatch.runtime.side_columns`); None: records only.
+    #: A join's records as columns per side, for a function that reads them
+    #: (:mod:`~microbatch.runtime.side_columns`); None: records only.
     columns: SideColumns | None = None
 
     @classmethod
