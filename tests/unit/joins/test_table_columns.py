@@ -19,12 +19,13 @@ import pytest
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.joins import TableJoin, fields
 from microbatch.keygroups import KeyGroupRange, encode_key, key_group_of_bytes
-from microbatch.runtime import BatchRunner, KafkaSource, ParquetSink, Pipeline
+from microbatch.runtime import BatchRunner, JsonSchema, KafkaSource, ParquetSink, Pipeline
 from microbatch.runtime import side_columns as side_columns_module
 from microbatch.runtime.process import Handled, KeyedBatch
 from microbatch.runtime.records import BatchRecord
 from microbatch.runtime.side_columns import RecordsOnUse, SideColumns, input_schemas
 from microbatch.settings import Settings
+from microbatch.sinks import read_parquet_sink
 from microbatch.state.backend import KeyedStateBackend
 from microbatch.state.codec import encode_values
 from microbatch.storage import open_store
@@ -38,6 +39,7 @@ from tests.unit.dataflow.test_column_steps_of_several_sources import (
     new_flow,
     outputs,
     person,
+    run,
 )
 from tests.unit.dataflow.test_joins_at_once import crash_then_rescale
 from tests.unit.runtime.test_protocol import InProcess
@@ -190,3 +192,35 @@ def on_columns(
         SideColumns(payloads, sides, {}),
     )  # fmt: skip
     return join.process_batch(batch)
+
+
+RANKED = fields(left={"auction": "id"}, right=["name", "rank"])
+
+
+def test_a_sink_without_a_schema_gets_the_types_records_give(tmp_path: Path) -> None:
+    """A declared ``int`` (int32) field joined on columns reaches a schemaless Parquet sink
+    as int64, as the same records would: batches that fall back to records write the
+    same types."""
+    ranked = JsonSchema({**PERSON.fields, "rank": "int"})
+    types = {}
+    for column_wise in (True, False):
+        root = tmp_path / str(column_wise)
+        flow = new_flow(root)
+        auctions = flow.source(KafkaSource(topics=("auctions",), value_schema=AUCTION))
+        people = flow.source(KafkaSource(topics=("people",), value_schema=ranked))
+        join = TableJoin(select=RANKED if column_wise else (lambda a, p: RANKED(a, p)))
+        auctions.key_by("seller").join(people.key_by("id"), join, uid="q3").to(
+            ParquetSink("out", str(root / "out"))
+        )
+        log = Topics({"auctions": 1, "people": 1})
+
+        def produce(log: Topics = log) -> None:
+            log.send("people", *(person(i, rank=i) for i in range(10)))
+            log.send("auctions", *(auction(i) for i in range(10)))
+
+        run(flow.build(), log, [produce])
+        table = read_parquet_sink(str(root / "out"))
+        types[column_wise] = dict(zip(table.column_names, table.schema.types, strict=True))
+        assert table.num_rows > 0
+    assert types[True] == types[False]
+    assert types[True]["rank"] == pa.int64()

@@ -234,6 +234,7 @@ class Router:
         key order): kept as a table where it goes only to sinks, straight from the step;
         else record by record, as :meth:`emit` of each key-group's run."""
         if not self.single and not self.ways and all(not t.chain for t in self.main_taps):
+            table = as_records_give(table)
             for tap in self.main_taps:
                 self.tables.setdefault(tap.sink, []).append(table)
             return
@@ -429,6 +430,24 @@ class _Rows:
             "payload": pa.array(self.payload, pa.binary()),
         }
         return pa.RecordBatch.from_pydict(columns, schema=ENVELOPE_SCHEMA)
+
+
+def as_records_give(table: pa.Table) -> pa.Table:
+    """``table`` with the column types its rows give as Python records, which a sink
+    without a schema infers: integers as int64, floats as float64. So a sink gets the same
+    types whether a batch's output came as columns or as records (a join falls back to
+    records for a batch it cannot take as columns)."""
+    wider = {
+        name: pa.int64() if pa.types.is_integer(t) else pa.float64()
+        for name, t in zip(table.column_names, table.schema.types, strict=True)
+        if (pa.types.is_integer(t) and t != pa.int64() and t != pa.uint64())
+        or (pa.types.is_floating(t) and t != pa.float64())
+    }
+    if not wider:
+        return table
+    return table.cast(pa.schema([
+        pa.field(f.name, wider.get(f.name, f.type), f.nullable) for f in table.schema
+    ]))  # fmt: skip
 
 
 def _in_group_runs(groups: np.ndarray) -> np.ndarray:
