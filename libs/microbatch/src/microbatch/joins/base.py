@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError, ProcessError
@@ -100,6 +101,22 @@ class JoinFunction(KeyedProcessFunction):
                 ctx.dead_letter(e.reason, f"{self.name} {SIDES[side]} record: {e.error}", record)
         out.sort(key=lambda x: x[:2])
         return out
+
+
+def rows_in_side(sides: np.ndarray) -> np.ndarray:
+    """Each record's row in its side's table (:func:`side_tables`)."""
+    rows = np.empty(len(sides), dtype=np.int64)
+    for side in (LEFT, RIGHT):
+        at = np.flatnonzero(sides == side)
+        rows[at] = np.arange(len(at))
+    return rows
+
+
+def each_of_runs(count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of ``count[i]`` items laid end to end: each item's run ``i`` and its place
+    ``j`` in the run (how a join lays out the pairs of many groups at once)."""
+    run = np.repeat(np.arange(len(count)), count)
+    return run, np.arange(len(run)) - np.repeat(np.cumsum(count) - count, count)
 
 
 def side_tables(

@@ -47,7 +47,17 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import LATE, LEFT, RIGHT, SIDES, JoinFunction, check_how, side_tables
+from microbatch.joins.base import (
+    LATE,
+    LEFT,
+    RIGHT,
+    SIDES,
+    JoinFunction,
+    check_how,
+    each_of_runs,
+    rows_in_side,
+    side_tables,
+)
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec, signed_duration_ms
@@ -171,11 +181,9 @@ class IntervalJoin(JoinFunction):
         lt, rt = self.left_time.plain_column(left), self.right_time.plain_column(right)
         if lt is None or rt is None:
             return None
-        times, row_of = np.empty(len(sides), np.int64), np.empty(len(sides), np.int64)
-        for side, side_times in ((LEFT, lt), (RIGHT, rt)):
-            at = np.flatnonzero(sides == side)
-            times[at], row_of[at] = side_times, np.arange(len(at))
-        key_of = np.repeat(np.arange(batch.key_count), np.diff(batch.bounds))
+        times = np.empty(len(sides), np.int64)
+        times[sides == LEFT], times[sides == RIGHT] = lt, rt
+        row_of, key_of = rows_in_side(sides), batch.key_of()
         unreadable = times == UNREADABLE
         readable = np.where(unreadable, 0, times)
         expiry = np.where(sides == LEFT, readable + self.upper, readable - self.lower)
@@ -220,9 +228,9 @@ class IntervalJoin(JoinFunction):
         start = np.searchsorted(spot, base + lo, side="left")
         end = np.where(found, np.searchsorted(spot, base + hi, side="right"), start)
         count = end - start
-        j = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        paired_left = np.repeat(lefts, count)
-        paired_right = rights[np.repeat(start, count) + j]
+        run, j = each_of_runs(count)
+        paired_left = lefts[run]
+        paired_right = rights[start[run] + j]
         a, b = arrival[paired_left], arrival[paired_right]
         emitted = np.lexsort((np.minimum(a, b), np.maximum(a, b)))
         return paired_left[emitted], paired_right[emitted]

@@ -105,7 +105,7 @@ class TableJoin(JoinFunction):
             if joined is not None:
                 return joined
         records, count = batch.records, batch.key_count
-        key_of = np.repeat(np.arange(count), np.diff(batch.bounds))
+        key_of = batch.key_of()
         changes = np.nonzero(sides == RIGHT)[0]  # the table's records, in order
         changed = key_of[changes]
         last = np.ones(len(changes), dtype=bool)
@@ -156,8 +156,7 @@ class TableJoin(JoinFunction):
         if tables is None:
             return None
         stream, table = tables
-        count, sides = batch.key_count, batch.sides
-        key_of = np.repeat(np.arange(count), np.diff(batch.bounds))
+        count, sides, key_of = batch.key_count, batch.sides, batch.key_of()
         changed = key_of[sides == RIGHT]  # each table record's key, in order
         last = np.ones(len(changed), dtype=bool)
         last[:-1] = changed[1:] != changed[:-1]  # each key's last change decides

@@ -43,7 +43,14 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import LATE, SIDES, JoinFunction, side_tables
+from microbatch.joins.base import (
+    LATE,
+    SIDES,
+    JoinFunction,
+    each_of_runs,
+    rows_in_side,
+    side_tables,
+)
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
@@ -136,8 +143,8 @@ class WindowJoin(JoinFunction):
         closes_by, before, sides = batch.watermark, batch.watermark_before, batch.sides
         if closes_by is None or sides is None or not len(batch.records) or sides.max() > 1:
             return None  # (a record of a third input: process() refuses it)
-        records, bounds, size = batch.records, batch.bounds, self.window.size_ms
-        key_of = np.repeat(np.arange(batch.key_count), np.diff(bounds))
+        records, size = batch.records, self.window.size_ms
+        key_of = batch.key_of()
         columns = self._columns(batch)
         times = np.empty(len(records), dtype=np.int64)
         for side, time_of in enumerate((self.left_time, self.right_time)):
@@ -209,12 +216,8 @@ class WindowJoin(JoinFunction):
         a, m, b = first[both], first[both] + lefts[both], last[both]
         across = b - m  # each left record pairs with every right record of its group
         count = (m - a) * across
-        group = np.repeat(np.arange(len(both)), count)
-        j = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        row_of = np.empty(len(sides), dtype=np.int64)  # a record's row in its side's table
-        for s in (0, 1):
-            at = np.flatnonzero(sides == s)
-            row_of[at] = np.arange(len(at))
+        group, j = each_of_runs(count)
+        row_of = rows_in_side(sides)
         lrows = pa.array(row_of[rec[a[group] + j // across[group]]])
         rrows = pa.array(row_of[rec[m[group] + j % across[group]]])
         out: dict[str, Any] = {name: left.column(f).take(lrows) for name, f in select.left}

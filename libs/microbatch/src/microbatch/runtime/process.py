@@ -167,6 +167,10 @@ class KeyedBatch:
     def key_count(self) -> int:
         return len(self.bounds) - 1
 
+    def key_of(self) -> np.ndarray:
+        """Each record's key, as its place ``k`` in the batch."""
+        return np.repeat(np.arange(self.key_count), np.diff(self.bounds))
+
     def value(self, name: str, ttl: float | None = None) -> KeyedValues:
         """Value state ``name`` of the batch's keys, by their place: what ``ctx.value``
         gives each key's call."""
