@@ -4,7 +4,9 @@
 batch by batch on the in-memory state backend, the way stage 2 of a batch runs it
 (:mod:`microbatch.runtime.stage_two`), per operator instance:
 
-1. ``process_batch`` (when the function has one) over the instance's keys at once, then
+1. ``process_batch`` (when the function has one) over the instance's keys at once — a
+   join's sides also as columns when the function reads them and a side's records are
+   alike, as stage 2 gives them; rows it emits as columns come first — then
    ``process(key, records, ctx)`` once for each key with records in the batch that it
    left, keys in the order of their canonical bytes, each key's records in the order
    given (the source order); ``BatchResult.keys_batched`` counts the keys it took;
@@ -36,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from microbatch.keygroups import (
     Key,
@@ -54,7 +57,9 @@ from microbatch.runtime.process import (
     Sided,
     has_batch_hook,
 )
+from microbatch.runtime.side_columns import SideColumns
 from microbatch.state.backend import KeyedStateBackend, Rows
+from microbatch.state.codec import CodecError, encode_values
 from microbatch.state.handles import KeyContext
 
 Records = Mapping[Key, Sequence[Any]] | Iterable[tuple[Key, Any]]
@@ -163,6 +168,8 @@ class ProcessHarness:
             handled = self._process_batch(
                 own, [by_key[kb][2] for kb in own], backend, before, after
             )
+            if handled is not None and handled.columns is not None:
+                emitted.extend(handled.columns.to_pylist())  # before the keys left to process
             for k, key_bytes in enumerate(own):
                 key, _, records_of_key = by_key[key_bytes]
                 if handled is not None and handled.keys[k]:
@@ -208,13 +215,25 @@ class ProcessHarness:
             return None
         records = [r for rs in by_key for r in rs]
         sided_ = all(isinstance(r, Sided) for r in records)
+        plain = [r.record for r in records] if sided_ else records
+        sides = np.array([r.side for r in records], np.int8) if sided_ else None
         batch = KeyedBatch.on_backend(
             backend, [key_group_of_bytes(kb, self.max_parallelism) for kb in own], own,
-            [r.record for r in records] if sided_ else records,
-            np.cumsum([0, *map(len, by_key)], dtype=np.int64),
-            np.array([r.side for r in records], np.int8) if sided_ else None, after, before,
+            plain, np.cumsum([0, *map(len, by_key)], dtype=np.int64), sides, after, before,
+            self._columns(plain, sides),
         )  # fmt: skip
         return self.fn.process_batch(batch)
+
+    def _columns(self, records: list[Any], sides: np.ndarray | None) -> SideColumns | None:
+        """A join's records as stage 2 gives them to a function that reads columns: their
+        payloads, read as a table per side where that side's records are alike."""
+        if sides is None or not getattr(self.fn, "reads_columns", False):
+            return None
+        try:
+            payloads = encode_values(records)
+        except CodecError:  # no such record reaches stage 2: the function fails on it
+            return None
+        return SideColumns(pa.array(payloads, pa.binary()), sides, {})
 
     def _backend(self, instance: int, now_ms: int) -> KeyedStateBackend:
         """A fresh backend of ``instance`` loaded from the last checkpoint's rows."""

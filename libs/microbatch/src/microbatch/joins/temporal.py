@@ -27,6 +27,17 @@ other, in the same batch.
 ``how="inner"``: a left record with no version at or before its time emits nothing;
 ``"left"``: it is emitted with the right side ``None``.
 
+**A batch at once, on columns.** With ``select=fields(...)`` and both times read from
+fields, where each side's records are alike (see :mod:`~microbatch.runtime.side_columns`),
+:meth:`TemporalJoin.process_batch` takes every key of the batch with no record late or
+unreadable. Its versions and waiting left records are read back from state into
+columns; the left records the batch's watermark passes — waiting ones and new — find
+their version by a numpy search over all keys at once, and the output is taken from
+both sides' columns. The batch's versions are stored as the payloads they came as,
+with their retention timers, and the left records still waiting as lists of theirs,
+with their timers: the state, timers and output of each key are those ``process`` and
+the batch's timers leave. Other keys go to ``process``.
+
 **No deletes.** A version lasts until the next one: a right ``None`` record has no
 version time, so Kafka tombstones (``KafkaSource(tombstones=True)``) cannot feed this
 join — refused when the pipeline is built, unlike a :class:`~microbatch.joins.TableJoin`.
@@ -35,15 +46,22 @@ join — refused when the pipeline is built, unlike a :class:`~microbatch.joins.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import LATE, LEFT, RIGHT, JoinFunction, check_how
+from microbatch.joins.base import LATE, LEFT, RIGHT, JoinFunction, check_how, side_tables
 from microbatch.joins.base import watermark_before as _watermark_before
-from microbatch.joins.select import Select, check_select
-from microbatch.joins.times import EventTimeOf, TimeSpec
-from microbatch.runtime.process import ProcessContext
+from microbatch.joins.select import Fields, Select, check_select
+from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
+from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
+from microbatch.state.codec import FAST_TAG, decode_value, encode_values
+from microbatch.state.codec_rows import decode_rows, schema_of_records
+from microbatch.state.handles import KeyedMaps
 from microbatch.windows.spec import Duration, duration_ms
 
 HOWS = ("inner", "left")
@@ -83,6 +101,98 @@ class TemporalJoin(JoinFunction):
 
     def __repr__(self) -> str:
         return f"TemporalJoin(retention={self.retention} ms, how={self.how!r})"
+
+    @property
+    def reads_columns(self) -> bool:
+        """Can a batch's keys be joined at once on columns (``batch.columns``)? With
+        ``fields(...)`` for ``select`` and both times read from a field."""
+        return isinstance(self.select, Fields) and all(
+            isinstance(t.spec, str) for t in (self.left_time, self.right_time)
+        )
+
+    def process_batch(self, batch: KeyedBatch) -> Handled | None:
+        """The keys with nothing late or unreadable, joined at once on columns (see the
+        module doc); None when the batch has no columns to join on."""
+        watermark, sides = batch.watermark, batch.sides
+        if watermark is None or sides is None or batch.columns is None or not self.reads_columns:
+            return None
+        if not len(batch.records) or sides.max() > 1:
+            return None  # (a record of a third input: process() refuses it)
+        select = cast("Fields", self.select)
+        spec = cast("tuple[str, str]", (self.left_time.spec, self.right_time.spec))
+        tables = side_tables(batch, select, spec)
+        if tables is None:
+            return None
+        left, right = tables
+        lt, rt = self.left_time.plain_column(left), self.right_time.plain_column(right)
+        if lt is None or rt is None:
+            return None
+        key_of = batch.key_of()
+        left_keys, right_keys = key_of[sides == LEFT], key_of[sides == RIGHT]
+        before = batch.watermark_before
+        horizon = UNREADABLE if before is None else before - self.retention
+        skip = np.zeros(batch.key_count, dtype=bool)
+        skip[left_keys[(lt == UNREADABLE) | (lt < horizon)]] = True  # process dead-letters
+        skip[right_keys[rt == UNREADABLE]] = True
+        keys = np.flatnonzero(~skip)
+        waiting = _held(batch.map(PENDING), keys, left.schema, lists=True)
+        stored = _held(batch.map(VERSIONS), keys, right.schema, lists=False)
+        if waiting is None or stored is None:
+            return None
+        in_force = np.full(batch.key_count, UNREADABLE, dtype=np.int64)
+        at_horizon = stored.times <= horizon
+        np.maximum.at(in_force, stored.keys[at_horizon], stored.times[at_horizon])
+        skip[right_keys[rt < in_force[right_keys]]] = True  # late: process dead-letters it
+        taken = ~skip
+        versions = _Held.of(stored, taken, right, right_keys, rt)
+        lefts = _Held.of(waiting, taken, left, left_keys, lt)
+        # Left records by key, time, then as they wait (earlier batches' first): the
+        # order the timers emit them in. Those the watermark passes go out now.
+        order = np.lexsort((np.arange(len(lefts.keys)), lefts.times, lefts.keys))
+        due = order[lefts.times[order] < watermark]
+        found = _newest_at(_latest(versions), lefts.keys[due], lefts.times[due])
+        if self.how == "inner":
+            due, found = due[found >= 0], found[found >= 0]
+        at = pa.array(found, mask=found < 0)
+        columns = [lefts.rows.column(f).take(due) for _, f in select.left]
+        columns += [versions.rows.column(f).take(at) for _, f in select.right]
+        self._write(batch, versions, lefts, order, watermark)
+        return Handled(taken, {}, pa.table(columns, names=select.names), lefts.keys[due])
+
+    def _write(
+        self, batch: KeyedBatch, versions: _Held, lefts: _Held, order: np.ndarray, watermark: int
+    ) -> None:
+        """The state and timers ``process`` and the batch's timers leave: the batch's
+        versions (the last of each time) with their retention timers; each time's left
+        records still waiting, with their timer; no entry for a time that was emitted."""
+        assert batch.columns is not None
+        latest = _latest(versions)[2]
+        new = latest[latest >= versions.count] - versions.count  # the batch's, once each
+        added_keys, added_times = versions.keys[versions.count :], versions.times[versions.count :]
+        batch.map(VERSIONS).put_many_encoded(
+            added_keys[new].tolist(), added_times[new].tolist(),
+            batch.columns.payloads(RIGHT).take(versions.batch_rows[new]).to_pylist(),
+        )  # fmt: skip
+        expiries = added_times[new] + self.retention
+        batch.register_timers(added_keys[new].tolist(), expiries.tolist())
+        if not len(order):
+            return
+        pending = batch.map(PENDING)
+        keys, times = lefts.keys[order], lefts.times[order]
+        starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (times[1:] != times[:-1])])
+        ends = np.r_[starts[1:], len(order)]
+        grew = np.add.reduceat((order >= lefts.count).astype(np.int64), starts)  # new ones
+        gone = (times[starts] < watermark) & (grew < ends - starts)  # emitted: had waited
+        pending.remove_many(keys[starts[gone]].tolist(), times[starts[gone]].tolist())
+        stays = np.flatnonzero((times[starts] >= watermark) & (grew > 0))  # with new records
+        if not len(stays):
+            return
+        payloads = lefts.payloads(batch.columns.payloads(LEFT))
+        pending.put_many_encoded(
+            keys[starts[stays]].tolist(), times[starts[stays]].tolist(),
+            [_list_of([payloads[i] for i in order[starts[s] : ends[s]]]) for s in stays],
+        )  # fmt: skip
+        batch.register_timers(keys[starts[stays]].tolist(), (times[starts[stays]] + 1).tolist())
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         before = _watermark_before(self.name, ctx)
@@ -146,3 +256,105 @@ class TemporalJoin(JoinFunction):
         at_horizon = bisect.bisect_right(times, timestamp_ms - self.retention)
         for v in times[: max(at_horizon - 1, 0)]:  # all but the newest at the horizon
             versions.remove(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """Records of one side by key and time: first ``count`` held in state (``payloads``
+    their codec bytes), then the batch's (rows ``batch_rows`` of its side's table);
+    ``rows``, all of them as columns."""
+
+    keys: np.ndarray
+    times: np.ndarray
+    rows: pa.Table
+    count: int
+    payloads_held: list[bytes]
+    batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
+
+    @classmethod
+    def of(
+        cls, held: _Held, taken: np.ndarray, table: pa.Table, keys: np.ndarray,
+        times: np.ndarray,
+    ) -> _Held:  # fmt: skip
+        """``held``'s records of the ``taken`` keys, then those of the batch (``table``,
+        with each row's key and time)."""
+        kept, rows = taken[held.keys], np.flatnonzero(taken[keys])
+        return cls(
+            np.concatenate([held.keys[kept], keys[rows]]),
+            np.concatenate([held.times[kept], times[rows]]),
+            pa.concat_tables(
+                [held.rows.filter(pa.array(kept)), table.take(rows)], promote_options="default"
+            ),
+            int(kept.sum()),
+            [p for p, k in zip(held.payloads_held, kept.tolist(), strict=True) if k],
+            rows,
+        )
+
+    def payloads(self, batch_payloads: pa.Array) -> list[bytes]:
+        """Each record's codec bytes, held ones first: ``batch_payloads`` are the side's
+        payloads in the batch."""
+        batch: list[bytes] = batch_payloads.take(self.batch_rows).to_pylist()
+        return self.payloads_held + batch
+
+
+def _held(maps: KeyedMaps, keys: np.ndarray, schema: pa.Schema, lists: bool) -> _Held | None:
+    """The records held in map state ``maps`` (by time: a record each, or a list of them
+    when ``lists``) for ``keys``, as rows of ``schema`` (as they were stored, when the
+    batch has no record of the side); None when one is not such a row."""
+    entries = maps.entries_encoded(keys.tolist())
+    held_keys, times, payloads = [], [], []
+    for k, held in zip(keys.tolist(), entries, strict=True):
+        for field, data in held:
+            records = encode_values(decode_value(data)) if lists else [data]
+            held_keys += [k] * len(records)
+            times += [decode_value(field)] * len(records)
+            payloads += records
+    datas = pa.array(payloads, pa.binary())
+    if any(pa.types.is_null(t) for t in schema.types):  # no record of the side this batch
+        schema = schema_of_records(datas) or schema
+    rows = decode_rows(datas, schema)
+    if rows is None:
+        return None
+    return _Held(
+        np.array(held_keys, np.int64), np.array(times, np.int64), rows, len(payloads), payloads
+    )
+
+
+def _latest(versions: _Held) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys, times and rows of the versions held after the batch, by key and time: of two
+    at the same key and time the later row — the batch's over a stored one, a later
+    record over an earlier — as a loop of ``put`` leaves them."""
+    rows = np.arange(len(versions.keys))
+    order = np.lexsort((rows, versions.times, versions.keys))
+    keys, times, rows = versions.keys[order], versions.times[order], rows[order]
+    last = np.ones(len(keys), dtype=bool)
+    last[:-1] = (keys[1:] != keys[:-1]) | (times[1:] != times[:-1])
+    return keys[last], times[last], rows[last]
+
+
+def _newest_at(
+    versions: tuple[np.ndarray, np.ndarray, np.ndarray], keys: np.ndarray, times: np.ndarray
+) -> np.ndarray:
+    """For each (key, time), the row of the key's newest version at or before it; -1
+    where the key has none."""
+    version_keys, version_times, rows = versions
+    if not len(rows):
+        return np.full(len(keys), -1, dtype=np.int64)
+    ranks = np.unique(np.concatenate([version_times, times]))  # key * rank fits int64
+    spot = version_keys * len(ranks) + np.searchsorted(ranks, version_times)
+    query = keys * len(ranks) + np.searchsorted(ranks, times)
+    i = np.searchsorted(spot, query, side="right") - 1  # the newest at or before
+    at = np.maximum(i, 0)
+    return np.where((i >= 0) & (version_keys[at] == keys), rows[at], -1)
+
+
+def _list_of(payloads: list[bytes]) -> bytes:
+    """The codec's bytes of the list of the records whose bytes are ``payloads`` (each
+    the fast form): what ``encode_value`` of that list gives."""
+    n = len(payloads)
+    head = (
+        bytes([0x90 | n])
+        if n < 16
+        else (b"\xdc" + n.to_bytes(2, "big") if n < 2**16 else b"\xdd" + n.to_bytes(4, "big"))
+    )
+    return FAST_TAG + head + b"".join(p[1:] for p in payloads)

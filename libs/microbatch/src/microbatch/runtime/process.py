@@ -21,12 +21,20 @@ from __future__ import annotations
 
 import builtins  # in ProcessContext's body, `list` is its method
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from microbatch.state.handles import KeyContext, KeyedValues, ListState, MapState, ValueState
+from microbatch.state.handles import (
+    BatchState,
+    KeyContext,
+    KeyedMaps,
+    KeyedValues,
+    ListState,
+    MapState,
+    ValueState,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -137,8 +145,8 @@ class KeyedBatch:
     #: ``ctx.watermark_before`` of its calls).
     watermark: int | None
     watermark_before: int | None
-    #: ``(name, ttl)`` → that value state of every key of the batch (see :meth:`value`).
-    values_of: Callable[[str, float | None], KeyedValues] | None = None
+    #: The state and timers of the batch's keys (see :meth:`value`, :meth:`map`).
+    state: BatchState | None = None
     #: A join's records as columns per side, for a function that reads them
     #: (:mod:`~microbatch.runtime.side_columns`); None: records only.
     columns: SideColumns | None = None
@@ -157,11 +165,8 @@ class KeyedBatch:
         timed = np.zeros(len(key_bytes), dtype=bool)
         if waiting:
             timed[:] = [kb in waiting for kb in key_bytes]
-
-        def values_of(name: str, ttl: float | None) -> KeyedValues:
-            return KeyedValues(backend, backend.declare(name, "value", ttl), key_groups, key_bytes)
-
-        return cls(records, bounds, sides, timed, watermark, watermark_before, values_of, columns)
+        state = BatchState(backend, key_groups, key_bytes)
+        return cls(records, bounds, sides, timed, watermark, watermark_before, state, columns)
 
     @property
     def key_count(self) -> int:
@@ -174,9 +179,22 @@ class KeyedBatch:
     def value(self, name: str, ttl: float | None = None) -> KeyedValues:
         """Value state ``name`` of the batch's keys, by their place: what ``ctx.value``
         gives each key's call."""
-        if self.values_of is None:
+        return self._state().value(name, ttl)
+
+    def map(self, name: str, ttl: float | None = None) -> KeyedMaps:
+        """Map state ``name`` of the batch's keys, by their place: what ``ctx.map``
+        gives each key's call."""
+        return self._state().map(name, ttl)
+
+    def register_timers(self, keys: Sequence[int], timestamps: Sequence[int]) -> None:
+        """An event-time timer at ``timestamps[i]`` for key ``keys[i]``: what
+        ``ctx.register_timer`` does in that key's call."""
+        self._state().register_timers(keys, timestamps)
+
+    def _state(self) -> BatchState:
+        if self.state is None:
             raise NotImplementedError("this runtime gives process_batch no state")
-        return self.values_of(name, ttl)
+        return self.state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,10 +232,12 @@ class KeyedProcessFunction:
         many and each does little (a window join's windows that close in their own
         batch, a table join's updates). Called once per instance before any ``process``
         call; the keys it leaves get their ``process`` call as usual, and each key's
-        output takes its place in key order. For the keys it takes it must do exactly
-        what ``process`` would, and only what this allows: read and write value state
-        (``batch.value(name)``), emit to the main output. A key that would register a
-        timer, dead-letter a record or raise is left to ``process``. Default: none."""
+        output takes its place in key order. For the keys it takes it must leave the
+        state, timers and output ``process`` and the batch's timers would, and only do
+        what this allows: read and write value and map state (``batch.value(name)``,
+        ``batch.map(name)``), register event-time timers (``batch.register_timers``),
+        emit to the main output. A key that would dead-letter a record or raise is left
+        to ``process``. Default: none."""
         return None
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:

@@ -249,6 +249,88 @@ class KeyedValues:
         )
 
 
+class KeyedMaps:
+    """One map state of many keys at once, by their place ``k`` in a batch: what a
+    function's ``process_batch`` reads and writes instead of a :class:`MapState` per
+    key, with the same encoding, TTL and bookkeeping. Entries come and go as the codec's
+    bytes, for a function that reads them as columns."""
+
+    def __init__(
+        self, backend: StateTables, spec: StateSpec, key_groups: Sequence[int],
+        key_bytes: Sequence[bytes],
+    ) -> None:  # fmt: skip
+        self._backend, self._spec = backend, spec
+        self._groups, self._bytes = key_groups, key_bytes
+
+    def entries_encoded(self, keys: Sequence[int]) -> list[list[tuple[bytes, bytes]]]:
+        """Each of ``keys``' live entries as ``(field, value)`` codec bytes: the field in
+        the canonical encoding (:func:`~.codec.decode_value` reads both), in no order."""
+        backend, name, now = self._backend, self._spec.name, self._backend.now_ms()
+        out: list[list[tuple[bytes, bytes]]] = []
+        for k in keys:
+            table = backend.table(self._groups[k], name)
+            entries = table.get(self._bytes[k]) if table else None
+            out.append(
+                [(f, v) for f, (v, exp) in entries.items() if exp is None or exp > now]
+                if entries else []
+            )  # fmt: skip
+        return out
+
+    def put_many_encoded(
+        self, keys: Sequence[int], fields: Sequence[Any], datas: Sequence[bytes]
+    ) -> None:
+        """``put(fields[i], value)`` for key ``keys[i]``, the value already encoded as
+        ``datas[i]`` (a record's payload is stored as it is); a later put of the same key
+        and field wins, as in a loop of ``put``."""
+        backend, name = self._backend, self._spec.name
+        expires = backend.expiry_for(self._spec)
+        written = [(self._groups[k], self._bytes[k]) for k in keys]
+        for (kg, kb), field, data in zip(written, fields, datas, strict=True):
+            table = backend.table(kg, name, create=True)
+            assert table is not None  # created
+            table.setdefault(kb, {})[encode_canonical(field)] = (data, expires)
+        backend.touch_many(written, expires)
+
+    def remove_many(self, keys: Sequence[int], fields: Sequence[Any]) -> None:
+        """``remove(fields[i])`` for key ``keys[i]``."""
+        backend, name = self._backend, self._spec.name
+        removed = []
+        for k, field in zip(keys, fields, strict=True):
+            kg, kb = self._groups[k], self._bytes[k]
+            table = backend.table(kg, name)
+            entries = table.get(kb) if table else None
+            if entries is not None and entries.pop(encode_canonical(field), None) is not None:
+                if not entries:
+                    del table[kb]  # type: ignore[index]  # found in it
+                removed.append((kg, kb))
+        backend.touch_many(removed, None)
+
+
+class BatchState:
+    """State and timers of a batch's keys — key ``k`` in key-group ``key_groups[k]``,
+    bytes ``key_bytes[k]`` — for a function's ``process_batch``: the same state its
+    ``process`` calls see through a :class:`KeyContext` per key."""
+
+    def __init__(
+        self, backend: StateTables, key_groups: Sequence[int], key_bytes: Sequence[bytes]
+    ) -> None:
+        self._backend, self._groups, self._bytes = backend, key_groups, key_bytes
+
+    def value(self, name: str, ttl: float | None = None) -> KeyedValues:
+        spec = self._backend.declare(name, "value", ttl)
+        return KeyedValues(self._backend, spec, self._groups, self._bytes)
+
+    def map(self, name: str, ttl: float | None = None) -> KeyedMaps:
+        spec = self._backend.declare(name, "map", ttl)
+        return KeyedMaps(self._backend, spec, self._groups, self._bytes)
+
+    def register_timers(self, keys: Sequence[int], timestamps: Sequence[int]) -> None:
+        """``register_timer(timestamps[i])`` for key ``keys[i]``."""
+        backend, groups, key_bytes = self._backend, self._groups, self._bytes
+        for k, timestamp in zip(keys, timestamps, strict=True):
+            backend.register_timer(groups[k], key_bytes[k], int(timestamp))
+
+
 class KeyContext:
     """State and timers of one key inside one operator instance."""
 
