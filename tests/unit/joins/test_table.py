@@ -9,7 +9,7 @@ import random
 import pytest
 
 from microbatch.errors import ConfigError
-from microbatch.joins import TableJoin
+from microbatch.joins import TableJoin, fields
 from microbatch.runtime.process import KeyedProcessFunction, Sided
 from microbatch.state.codec import CodecError
 from microbatch.testing import ProcessHarness, sided
@@ -84,6 +84,28 @@ def test_join_with_updates_and_tombstones_equals_the_ktable_reference(how, seed)
     got, _ = run(batches, how)
     assert got == reference(batches, how)
     assert sum(got, collections.Counter()), "the data should join something"
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_on_columns_with_none_deletes_the_join_equals_the_ktable_reference(how, seed):
+    """``fields(...)`` and only ``None`` records as deletes (a changelog's tombstones):
+    the batches are joined on columns, a delete a row of nulls that clears the key."""
+    batches = [
+        (stream, [(k, None if r is None or r.get("deleted") else r) for k, r in table])
+        for stream, table in changelog(seed, batches=12)
+    ]
+    harness = ProcessHarness(TableJoin(how, select=fields(left=["id"], right=["v"])), 16)
+    got, on_columns, keys = [], 0, 0
+    for j, (stream, table) in enumerate(batches):
+        harness.rescale((2, 3, 1)[j % 3])
+        result = harness.batch(sided(stream, table))
+        got.append(collections.Counter((r["id"], r["v"]) for r in result.emitted))
+        on_columns += result.keys_as_columns
+        keys += len({k for k, _ in stream + table})
+    assert got == reference(batches, how)
+    assert any(r is None for _, table in batches for _, r in table)
+    assert on_columns == keys  # every key of every batch, deletes and all
 
 
 def test_rescaling_between_batches_keeps_the_table():

@@ -64,7 +64,7 @@ def test_keys_on_columns_leave_the_state_and_output_process_leaves(
         assert got.dead_letters == want.dead_letters, f"batch {j}"
         for key in "abcdefgh":
             assert harnesses[1].state(key) == harnesses[0].state(key), f"batch {j}, key {key}"
-        on_columns += got.keys_batched
+        on_columns += got.keys_as_columns
         late += sum(d.reason == "late_join" for d in want.dead_letters)
         assert want.keys_batched == 0
     assert late or retention == 600, "the data should have late records"
@@ -95,7 +95,7 @@ def test_a_left_record_waits_in_state_until_the_watermark_passes_it() -> None:
     held = harness.batch(
         sided([("a", {"id": "L1", "k": "a", "ts": 50})], [("a", rate)]), watermark=50
     )
-    assert held.emitted == () and held.keys_batched == 1
+    assert held.emitted == () and held.keys_as_columns == 1
     assert harness.state("a")["pending"] == {50: [{"id": "L1", "k": "a", "ts": 50}]}
     assert harness.state("a")["timers"] == [51, 110]
     late_rate = {"id": "R2", "k": "a", "ts": 40}  # arrives before the watermark passes 50
@@ -103,7 +103,7 @@ def test_a_left_record_waits_in_state_until_the_watermark_passes_it() -> None:
         sided([("a", {"id": "L2", "k": "a", "ts": 51})], [("a", late_rate)]), watermark=60
     )
     assert [(r["l"], r["r"]) for r in passed.emitted] == [("L1", "R2"), ("L2", "R2")]
-    assert passed.keys_batched == 1
+    assert passed.keys_as_columns == 1
     assert "pending" not in harness.state("a")
 
 
@@ -123,7 +123,7 @@ def test_of_two_versions_at_one_time_the_later_holds_in_the_batch_and_across_bat
     assert [(r["l"], r["r"]) for r in first.emitted] == [("L1", "R2")]
     again = harness.batch(sided([order("L2", 40)], [version("R3", 10)]), watermark=50)
     assert [(r["l"], r["r"]) for r in again.emitted] == [("L2", "R3")]
-    assert first.keys_batched == again.keys_batched == 1
+    assert first.keys_as_columns == again.keys_as_columns == 1
     assert harness.state("a")["versions"] == {5: version("R0", 5)[1], 10: version("R3", 10)[1]}
 
 

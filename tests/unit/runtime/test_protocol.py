@@ -96,18 +96,12 @@ class InProcess:
         rows: dict[str, list] = {c: [] for c in SOURCE_COLUMNS}
         for r in plan.ranges:
             for off in range(r.start, r.end):
-                for column, value in zip(
-                    SOURCE_COLUMNS,
-                    (
-                        r.topic,
-                        r.partition,
-                        off,
-                        None,
-                        self.log.values[TopicPartition(r.topic, r.partition)][off],
-                    ),
-                    strict=True,
+                sent = self.log.values[TopicPartition(r.topic, r.partition)][off]
+                key, value = sent if isinstance(sent, tuple) else (None, sent)  # (key, value)
+                for column, cell in zip(
+                    SOURCE_COLUMNS, (r.topic, r.partition, off, key, value), strict=True
                 ):
-                    rows[column].append(value)
+                    rows[column].append(cell)
         by_instance: dict[int, list[pa.RecordBatch]] = defaultdict(list)
         if has_input(plan, pending):
             process = StageOne(stage.pipeline, stage.parallelism, watermark, stage.crash_at)

@@ -199,6 +199,14 @@ def test_missing_fields_other_values_and_other_types_send_all_to_the_records_pat
     assert codec_rows.decode_rows(pa.array(encode_values([{"t": 1}]), pa.binary()), when) is None
 
 
+def test_no_payload_is_a_table_of_no_rows_whatever_the_types() -> None:
+    """A side without records, or nothing stored, is no reason to leave the columns."""
+    unknown = pa.schema([("v", pa.null()), ("t", pa.timestamp("ms"))])
+    for schema in (DECLARED, unknown):
+        table = codec_rows.decode_rows(pa.array([], pa.binary()), schema)
+        assert table is not None and table.num_rows == 0 and table.schema == schema
+
+
 def test_the_schema_of_alike_records_is_guessed_from_the_first_and_checked_on_all() -> None:
     rows = [
         {"key": "k", "n": None, "x": 1.5, "ok": True},

@@ -90,6 +90,8 @@ class BatchResult:
     timers_fired: int
     #: Keys the function's ``process_batch`` processed (no ``process`` call of theirs).
     keys_batched: int = 0
+    #: Of those, the keys whose output it gave as columns (a join on columns).
+    keys_as_columns: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +151,7 @@ class ProcessHarness:
         emitted: list[Any] = []
         side: dict[str, list[Any]] = {}
         dead: list[DeadLetter] = []
-        fired = batched = 0
+        fired = batched = as_columns = 0
         rows: dict[int, Rows] = {}
 
         def collect(ctx: ProcessContext) -> None:
@@ -170,6 +172,7 @@ class ProcessHarness:
             )
             if handled is not None and handled.columns is not None:
                 emitted.extend(handled.columns.to_pylist())  # before the keys left to process
+                as_columns += int(handled.keys.sum())
             for k, key_bytes in enumerate(own):
                 key, _, records_of_key = by_key[key_bytes]
                 if handled is not None and handled.keys[k]:
@@ -203,6 +206,7 @@ class ProcessHarness:
             after,
             fired,
             batched,
+            as_columns,
         )
 
     def _process_batch(
@@ -233,7 +237,8 @@ class ProcessHarness:
             payloads = encode_values(records)
         except CodecError:  # no such record reaches stage 2: the function fails on it
             return None
-        return SideColumns(pa.array(payloads, pa.binary()), sides, {})
+        deletes = getattr(self.fn, "tombstone_sides", ())
+        return SideColumns(pa.array(payloads, pa.binary()), sides, {}, deletes)
 
     def _backend(self, instance: int, now_ms: int) -> KeyedStateBackend:
         """A fresh backend of ``instance`` loaded from the last checkpoint's rows."""

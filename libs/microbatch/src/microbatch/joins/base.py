@@ -123,17 +123,18 @@ def side_tables(
     batch: KeyedBatch, select: Fields, times: tuple[str | None, str | None] = (None, None)
 ) -> tuple[pa.Table, pa.Table] | None:
     """Both sides' records of ``batch`` as columns holding the fields ``select`` (and each
-    side's time field, ``times``) reads; a side without records is an empty table of
-    null columns. None when a side's records are no table or lack such a field: the
-    records path then takes them (and names a missing field)."""
+    side's time field, ``times``) reads; a side without records, or with deletes only,
+    is a table of null columns. None when a side's records are no table or lack such a
+    field: the records path then takes them (and names a missing field)."""
     if batch.columns is None:
         return None
     tables = []
     for side, picked in ((LEFT, select.left), (RIGHT, select.right)):
         read = [field for _, field in picked] + ([times[side]] if times[side] else [])
         table = batch.columns.table(side)
-        if table is None and not batch.columns.count(side):
-            table = pa.table({field: pa.nulls(0) for field in dict.fromkeys(read)})
+        deleted = batch.columns.deleted(side)
+        if table is None and deleted.all():
+            table = pa.table({field: pa.nulls(len(deleted)) for field in dict.fromkeys(read)})
         if table is None or not all(field in table.column_names for field in read):
             return None
         tables.append(table)

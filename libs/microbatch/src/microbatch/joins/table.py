@@ -26,9 +26,10 @@ batch before any ``process`` call (values encoded and written in one go); a key 
 **Column by column.** With ``select=fields(...)`` and no ``tombstone`` function, where
 each input's records are alike (rows of a declared schema: sources with a
 ``value_schema``, after their ``where``/``select``; or flat records of the same fields
-and types), a batch is joined on Arrow columns: the table's new values are stored as the
-payloads they came as, a stored value is read back into columns, and the output is a
-table taken from both sides' columns — no dict per record. Same rule, same state, same
+and types; the table's ``None`` records, its deletes, aside), a batch is joined on Arrow
+columns: the table's new values are stored as the payloads they came as, a stored value
+is read back into columns, and the output is a table taken from both sides' columns —
+no dict per record. Same rule, same state, same
 output; a batch it cannot take so (a record that is not a row of its side's schema, a
 stored value of another shape) goes record by record.
 
@@ -161,16 +162,18 @@ class TableJoin(JoinFunction):
         last = np.ones(len(changed), dtype=bool)
         last[:-1] = changed[1:] != changed[:-1]  # each key's last change decides
         updated, updates = changed[last], np.flatnonzero(last)
+        deletes = batch.columns.deleted(RIGHT)[updates]  # the last change is a tombstone
         stream_keys = key_of[sides == LEFT]
-        # Each key's value: a row of `values` — this batch's last change, else stored.
+        # Each key's value: a row of `values` — this batch's last change, else stored;
+        # -2: deleted in the batch.
         value_row = np.full(count, -1, dtype=np.int64)
-        value_row[updated] = np.arange(len(updated))
-        wanted = np.unique(stream_keys[value_row[stream_keys] < 0])
+        value_row[updated] = np.where(deletes, -2, np.arange(len(updated)))
+        wanted = np.unique(stream_keys[value_row[stream_keys] == -1])
         state = batch.value(STATE)
         found = [(k, data) for k, data in zip(wanted.tolist(), state.get_many_encoded(
             wanted.tolist()), strict=True) if data is not None]  # fmt: skip
         datas, schema = pa.array([d for _, d in found], pa.binary()), table.schema
-        if any(pa.types.is_null(t) for t in schema.types):  # no table record this batch
+        if any(pa.types.is_null(t) for t in schema.types):  # no table row this batch
             schema = schema_of_records(datas) or schema  # and none declared: as stored
         stored = decode_rows(datas, schema)
         if stored is None:
@@ -188,9 +191,12 @@ class TableJoin(JoinFunction):
         taken = stream.take(kept)
         columns = [taken.column(f) for _, f in select.left]
         columns += [values.column(f).take(at) for _, f in select.right]
+        values_at = updates[~deletes]
         state.set_many_encoded(
-            updated.tolist(), batch.columns.payloads(RIGHT).take(updates).to_pylist()
+            updated[~deletes].tolist(), batch.columns.payloads(RIGHT).take(values_at).to_pylist()
         )
+        for k in updated[deletes].tolist():
+            state.clear(k)
         return Handled(
             np.ones(count, dtype=bool), {}, pa.table(columns, names=select.names),
             stream_keys[kept],

@@ -14,30 +14,39 @@ records as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.runtime.column_plan import decoded_as_columns
 from microbatch.runtime.columns import output_schema
 from microbatch.runtime.graph import edges_into
+from microbatch.state.codec import encode_value
 from microbatch.state.codec_rows import decode_rows, schema_of_records
 
 if TYPE_CHECKING:
     from microbatch.runtime.pipeline import Pipeline
     from microbatch.runtime.sorted_records import SortedRecords
 
+#: A ``None`` record's payload: a tombstone's.
+_DELETE = encode_value(None)
+
 
 class SideColumns:
     """One instance's records of a batch, in processing order, as payloads tagged by
-    side; :meth:`table` reads a side's as the columns of its schema."""
+    side; :meth:`table` reads a side's as the columns of its schema. On the ``deletes``
+    sides (a table join's table: the function's ``tombstone_sides``) a ``None`` record
+    is a delete, a row of nulls in the table (:meth:`deleted` says which)."""
 
     def __init__(
-        self, payloads: pa.Array, sides: np.ndarray, schemas: Mapping[int, pa.Schema]
-    ) -> None:
+        self, payloads: pa.Array, sides: np.ndarray, schemas: Mapping[int, pa.Schema],
+        deletes: Collection[int] = (),
+    ) -> None:  # fmt: skip
         self._payloads, self._sides, self._schemas = payloads, sides, schemas
+        self._deletes = deletes
         self._tables: dict[int, pa.Table | None] = {}
 
     def count(self, side: int) -> int:
@@ -48,15 +57,30 @@ class SideColumns:
         """Side ``side``'s payloads, in processing order (row ``i`` of :meth:`table`)."""
         return self._payloads.filter(pa.array(self._sides == side))
 
+    def deleted(self, side: int) -> np.ndarray:
+        """Per record of side ``side``: is it a delete (a ``None`` record on a side that
+        takes them)?"""
+        payloads = self.payloads(side)
+        if side not in self._deletes:
+            return np.zeros(len(payloads), dtype=bool)
+        deletes = pc.equal(payloads, pa.scalar(_DELETE, pa.binary()))
+        return deletes.to_numpy(zero_copy_only=False).astype(bool)
+
     def table(self, side: int) -> pa.Table | None:
-        """Side ``side``'s records as columns, in processing order; None when a record is
-        not a row of the side's schema — its declared one, else the one its first
-        records suggest (:func:`~microbatch.state.codec_rows.schema_of_records`: a
-        window's output rows, records of a source without a declared schema)."""
+        """Side ``side``'s records as columns, in processing order (a delete: a row of
+        nulls); None when a record is not a row of the side's schema — its declared one,
+        else the one its first records suggest
+        (:func:`~microbatch.state.codec_rows.schema_of_records`: a window's output rows,
+        records of a source without a declared schema) — or every one is a delete and
+        no schema is declared."""
         if side not in self._tables:
-            payloads = self.payloads(side)
-            schema = self._schemas.get(side) or schema_of_records(payloads)
-            self._tables[side] = None if schema is None else decode_rows(payloads, schema)
+            payloads, deleted = self.payloads(side), self.deleted(side)
+            rows = payloads.filter(pa.array(~deleted)) if deleted.any() else payloads
+            schema = self._schemas.get(side) or schema_of_records(rows)
+            table = None if schema is None else decode_rows(rows, schema)
+            if table is not None and deleted.any():  # the deletes back in place, as nulls
+                table = table.take(pa.array(np.cumsum(~deleted) - 1, mask=deleted))
+            self._tables[side] = table
         return self._tables[side]
 
 
@@ -98,7 +122,7 @@ def side_columns(
         return None  # the first step's payloads are raw source values, not records
     schemas = input_schemas(pipeline, step if step is not None else first_uid(pipeline))
     payloads = recs.column("payload").combine_chunks()
-    return SideColumns(payloads, sides, schemas)
+    return SideColumns(payloads, sides, schemas, getattr(fn, "tombstone_sides", ()))
 
 
 class RecordsOnUse(Sequence[Any]):

@@ -48,6 +48,8 @@ def decode_rows(payloads: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.T
     int64, int32, float64 or boolean, or there is no extension. None means: decode them
     as records (:func:`~microbatch.state.codec.decode_values`); a table returned holds
     what that would, as columns."""
+    if not len(payloads):  # no record: a table of no rows, whatever the fields' types
+        return schema.empty_table()
     kinds = [_DECODED_KINDS.get(field.type) for field in schema]
     native = _native_decoder()
     if native is None or None in kinds or len(set(schema.names)) != len(schema):
@@ -56,8 +58,6 @@ def decode_rows(payloads: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.T
     if array.null_count or not pa.types.is_binary(array.type):
         return None
     rows = len(array)
-    if not rows:
-        return schema.empty_table()
     starts = np.frombuffer(array.buffers()[1], dtype=np.int32)[
         array.offset : array.offset + rows + 1
     ]
