@@ -64,7 +64,7 @@ class SideColumns:
         if side not in self._deletes:
             return np.zeros(len(payloads), dtype=bool)
         deletes = pc.equal(payloads, pa.scalar(_DELETE, pa.binary()))
-        return deletes.to_numpy(zero_copy_only=False).astype(bool)
+        return np.asarray(deletes.to_numpy(zero_copy_only=False), dtype=bool)
 
     def table(self, side: int) -> pa.Table | None:
         """Side ``side``'s records as columns, in processing order (a delete: a row of
