@@ -1,11 +1,14 @@
-"""An inner interval join with ``select=fields(...)`` and both times read from fields
-takes the keys that leave nothing behind at once, on columns: their pairs found by a
-range search with numpy, in the order ``process`` emits them. Batch by batch, through a
-crash and a rescale, with records late and records held across batches (whose keys go
-to ``process``), its output and dead letters equal the same join of dicts."""
+"""An interval join with ``select=fields(...)`` and both times read from fields takes
+a batch's keys at once, on columns: the records they hold read back from state, their
+pairs found by range searches with numpy in the order ``process`` emits them, the
+unmatched records of an outer side emitted as the timers would, and what stays written
+back. Batch by batch — through a crash and a rescale, with records late and records
+held across batches, inner and outer — its output, dead letters, state and timers equal
+the same join of dicts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +25,19 @@ from microbatch.state.backend import KeyedStateBackend
 from microbatch.state.codec import encode_values
 from microbatch.testing import ProcessHarness, sided
 from tests.unit.dataflow.test_joins_at_once import two_topics
+from tests.unit.joins.streams import arrival_order, events, lagging_watermarks, split
 from tests.unit.joins.test_window_columns import produce_alike, run_batches
 from tests.unit.runtime.test_window_pre_aggregation import dead_letters
 
 PICK = fields(left={"person": "id", "name": "name", "at": "ts"}, right={"sold_at": "ts"})
 
 
-def run(root: Path, column_wise: bool) -> tuple[list, list, Any]:
+def run(root: Path, column_wise: bool, how: str = "inner") -> tuple[list, list, Any]:
     log, flow = two_topics("sold-by", ("people", "auctions"), 2, root)
     people = flow.source(KafkaSource(topics=("people",)))
     auctions = flow.source(KafkaSource(topics=("auctions",)))
     select = PICK if column_wise else (lambda p, a: PICK(p, a))
-    join = IntervalJoin("ts", "ts", between=("-2s", "1s"), select=select)
+    join = IntervalJoin("ts", "ts", between=("-2s", "1s"), select=select, how=how)
     people.key_by("id").join(auctions.key_by("seller"), join, uid="sold-by").to(
         ParquetSink("out", str(root / "out"))
     )
@@ -41,11 +45,12 @@ def run(root: Path, column_wise: bool) -> tuple[list, list, Any]:
     return out, dead_letters(root / "dead"), counters
 
 
-def test_an_inner_interval_join_on_columns_gives_what_the_join_of_dicts_gives(
-    tmp_path: Path,
+@pytest.mark.parametrize("how", ["inner", "full"])
+def test_an_interval_join_on_columns_gives_what_the_join_of_dicts_gives(
+    tmp_path: Path, how: str
 ) -> None:
-    want_out, want_dead, want_counts = run(tmp_path / "dicts", column_wise=False)
-    got_out, got_dead, got_counts = run(tmp_path / "columns", column_wise=True)
+    want_out, want_dead, want_counts = run(tmp_path / "dicts", False, how)
+    got_out, got_dead, got_counts = run(tmp_path / "columns", True, how)
 
     assert got_out == want_out
     assert got_dead == want_dead
@@ -53,7 +58,7 @@ def test_an_inner_interval_join_on_columns_gives_what_the_join_of_dicts_gives(
     assert any(d[0] == "late_join" for d in want_dead)
     columns = sum(v for k, v in got_counts.items() if k.endswith("keys_as_columns"))
     keys = sum(v for k, v in got_counts.items() if k.endswith(".keys") or k == "keys")
-    assert 0 < columns < keys, got_counts  # some keys wait in state: those go to process
+    assert 0 < columns < keys, got_counts  # keys with a late record go to process
     assert not any(k.endswith("keys_as_columns") for k in want_counts)
 
 
@@ -81,15 +86,29 @@ def pairs_in_order(join: IntervalJoin, people: list, auctions: list, column_wise
     return handled.columns.to_pylist()
 
 
-def test_a_key_whose_record_can_still_pair_after_the_batch_is_left_to_process() -> None:
-    join = IntervalJoin("ts", "ts", between=(-2, 1), select=fields(left=["ts"], right={"r": "ts"}))
-    person = [
-        ("k", {"ts": 100})
-    ]  # pairs with auctions up to 101: held until the watermark passes 101
-    at_101 = on_columns(join, person, [], watermark=101)
-    assert at_101 is not None and not at_101.keys.any()
-    at_102 = on_columns(join, person, [], watermark=102)
-    assert at_102 is not None and at_102.keys.all() and at_102.columns.num_rows == 0
+def test_a_record_that_can_still_pair_after_the_batch_waits_in_state_as_process_leaves_it() -> None:
+    """A person at 100 pairs with auctions up to 101: held until the watermark passes 101;
+    an auction at 101 pairs with people from 99, held until it passes 103."""
+    pick = fields(left=["ts"], right={"r": "ts"})
+    on_columns, by_dicts = (
+        ProcessHarness(IntervalJoin("ts", "ts", between=(-2, 1), select=select, how="left"))
+        for select in (pick, lambda a, b: pick(a, b))
+    )
+    batches = [
+        (sided([("k", {"ts": 100})], []), 101, (), {"left": {100: [[{"ts": 100}, False]]},
+                                                      "timers": [102]}),
+        (sided([], [("k", {"ts": 101})]), 101, ({"ts": 100, "r": 101},),
+         {"left": {100: [[{"ts": 100}, True]]}, "right": {101: [[{"ts": 101}, True]]},
+          "timers": [102, 104]}),
+        ([], 103, (), {"right": {101: [[{"ts": 101}, True]]}, "timers": [104]}),
+        ([], 104, (), {}),
+    ]  # fmt: skip
+    for records, watermark, emitted, state in batches:
+        got = on_columns.batch(records, watermark=watermark)
+        want = by_dicts.batch(records, watermark=watermark)
+        assert got.emitted == want.emitted == emitted
+        assert on_columns.state("k") == by_dicts.state("k") == state
+        assert got.keys_as_columns == (1 if records else 0)
 
 
 @pytest.mark.parametrize("bounds", [(-2, 1), (0, 0), (-5, -1), (3, 9)])
@@ -105,3 +124,50 @@ def test_pairs_come_in_the_order_process_emits_them(bounds: tuple[int, int]) -> 
     want = pairs_in_order(by_dicts, people, auctions, column_wise=False)
     assert len(want) > 10
     assert pairs_in_order(join, people, auctions, column_wise=True) == want
+
+
+def by_key(emitted: tuple) -> dict[str, list[str]]:
+    """Output per key (a row's ``k``, or ``rk`` for a right record alone), in the order
+    it came."""
+    out: dict[str, list[str]] = {}
+    for row in emitted:
+        out.setdefault(row["k"] or row["rk"], []).append(json.dumps(row, sort_keys=True))
+    return dict(sorted(out.items()))
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "right", "full"])
+@pytest.mark.parametrize(("seed", "bounds"), [(1, (-30, 30)), (2, (0, 0)), (3, (-200, -50)),
+                                              (4, (10, 400))])  # fmt: skip
+def test_keys_on_columns_leave_the_state_and_output_process_leaves(
+    how: str, seed: int, bounds: tuple[int, int]
+) -> None:
+    """Out of order, late records, records held across batches, rescales: after every
+    batch each key's output (in order), the dead letters and each key's state and timers
+    are those of the same join of dicts."""
+    arrived = arrival_order(events(seed, 80, keys="abcdefgh"), seed, disorder=100, late_share=0.2)
+    batches = split(arrived, seed, 10)
+    watermarks = lagging_watermarks(batches, lateness=50)
+    pick = fields(left={"l": "id", "k": "k", "t": "ts"}, right={"r": "id", "rk": "k", "rt": "ts"})
+    on_columns, by_dicts = (
+        ProcessHarness(IntervalJoin("ts", "ts", between=bounds, select=select, how=how), 16)
+        for select in (pick, lambda a, b: pick(a, b))
+    )
+    taken = late = 0
+    for j, (batch, watermark) in enumerate([*zip(batches, watermarks, strict=True),
+                                           ([], 10**6)]):  # fmt: skip
+        records = sided(
+            [(e.key, e.record) for e in batch if e.side == 0],
+            [(e.key, e.record) for e in batch if e.side == 1],
+        )
+        got, want = (h.batch(records, watermark=watermark) for h in (on_columns, by_dicts))
+        for harness in (on_columns, by_dicts):
+            harness.rescale((2, 3, 1)[j % 3])
+        assert by_key(got.emitted) == by_key(want.emitted), f"batch {j}"
+        assert got.dead_letters == want.dead_letters, f"batch {j}"
+        for key in "abcdefgh":
+            assert on_columns.state(key) == by_dicts.state(key), f"batch {j}, key {key}"
+        taken += got.keys_as_columns
+        late += sum(d.reason == "late_join" for d in want.dead_letters)
+    assert late, "the data should have late records"
+    assert taken > 20
+    assert on_columns.keys_with_state() == []

@@ -26,25 +26,21 @@ the records were split into batches.
 State per key: map states ``left`` and ``right``, event time → ``[[record, matched], ...]``
 in arrival order, and one event-time timer per buffered time.
 
-**A batch at once, on columns.** An inner join with ``select=fields(...)`` and both times
-read from fields, whose records reach it as columns (``batch.columns``), first takes the
-keys that would leave nothing behind: nothing held from earlier batches, no record late
-or with a time that is not plain epoch ms, and every record's last partner time passed
-by the batch's own watermark (``process`` would pair them and their timers would drop
-them all in this batch). :meth:`IntervalJoin.process_batch` finds their pairs with numpy
-(a range search per record over the other side, sorted by key and time) and takes them
-from both sides' columns, in the order ``process`` emits them. The other keys get
-``process``.
+**A batch at once, on columns.** A join with ``select=fields(...)`` and both times read
+from fields, whose records reach it as columns (``batch.columns``), takes every key with
+no record late or with a time that is not plain epoch ms:
+:meth:`IntervalJoin.process_batch` reads the records the key holds back from state into
+columns, finds its pairs with numpy, emits the unmatched records of an outer side the
+batch's watermark drops, and writes back what stays — the state, timers and output of
+``process`` and the batch's timers (:mod:`~microbatch.joins.interval_columns`). The
+other keys get ``process``.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
-
-import numpy as np
-import pyarrow as pa
+from typing import Any
 
 from microbatch.errors import ConfigError
 from microbatch.joins.base import (
@@ -54,13 +50,11 @@ from microbatch.joins.base import (
     SIDES,
     JoinFunction,
     check_how,
-    each_of_runs,
-    rows_in_side,
-    side_tables,
 )
 from microbatch.joins.base import watermark_before as _watermark_before
+from microbatch.joins.interval_columns import join_on_columns
 from microbatch.joins.select import Fields, Select, check_select
-from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec, signed_duration_ms
+from microbatch.joins.times import EventTimeOf, TimeSpec, signed_duration_ms
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 from microbatch.state.handles import MapState
 from microbatch.windows.spec import Duration
@@ -156,84 +150,19 @@ class IntervalJoin(JoinFunction):
 
     @property
     def reads_columns(self) -> bool:
-        """Can a batch's keys be joined at once on columns (``batch.columns``)? An inner
-        join with ``fields(...)`` for ``select`` and both times read from a field."""
-        return (
-            self.how == "inner"
-            and isinstance(self.select, Fields)
-            and all(isinstance(t.spec, str) for t in (self.left_time, self.right_time))
+        """Can a batch's keys be joined at once on columns (``batch.columns``)? With
+        ``fields(...)`` for ``select`` and both times read from a field."""
+        return isinstance(self.select, Fields) and all(
+            isinstance(t.spec, str) for t in (self.left_time, self.right_time)
         )
 
     def process_batch(self, batch: KeyedBatch) -> Handled | None:
-        """The keys that leave nothing behind, joined at once on columns (see the module
-        doc); None when the batch has no columns to join on."""
-        closes_by, sides = batch.watermark, batch.sides
-        if closes_by is None or sides is None or batch.columns is None or not self.reads_columns:
+        """Every key with no record late or unreadable, joined at once on columns (see
+        :mod:`~microbatch.joins.interval_columns`); None when the batch has no columns
+        to join on."""
+        if not self.reads_columns:
             return None
-        if not len(batch.records) or sides.max() > 1:
-            return None  # (a record of a third input: process() refuses it)
-        select = cast("Fields", self.select)
-        spec = cast("tuple[str, str]", (self.left_time.spec, self.right_time.spec))
-        tables = side_tables(batch, select, spec)
-        if tables is None:
-            return None
-        left, right = tables
-        lt, rt = self.left_time.plain_column(left), self.right_time.plain_column(right)
-        if lt is None or rt is None:
-            return None
-        times = np.empty(len(sides), np.int64)
-        times[sides == LEFT], times[sides == RIGHT] = lt, rt
-        row_of, key_of = rows_in_side(sides), batch.key_of()
-        unreadable = times == UNREADABLE
-        readable = np.where(unreadable, 0, times)
-        expiry = np.where(sides == LEFT, readable + self.upper, readable - self.lower)
-        leaves = unreadable | (expiry >= closes_by)  # a timer of it would wait past the batch
-        before = batch.watermark_before
-        if before is not None:
-            leaves |= expiry < before  # late: process() dead-letters it
-        skip = batch.timed.copy()
-        skip[key_of[leaves]] = True
-        pairs = self._pairs_at_once(np.flatnonzero(~skip[key_of]), times, key_of, sides)
-        if pairs is None:
-            return None
-        lefts, rights = pairs
-        out = {name: left.column(f).take(pa.array(row_of[lefts])) for name, f in select.left}
-        out |= {name: right.column(f).take(pa.array(row_of[rights])) for name, f in select.right}
-        return Handled(~skip, {}, pa.table(out), key_of[lefts])
-
-    def _pairs_at_once(
-        self, taken: np.ndarray, times: np.ndarray, key_of: np.ndarray, sides: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every pair (left position, right position) among the records at ``taken``, in
-        the order ``process`` emits them: by the later record of the pair in arrival
-        order (key, time, side, position), then by the earlier one. None when key and
-        time cannot share one int64 (a batch spanning ages)."""
-        if not len(taken):
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        low, high = int(times[taken].min()), int(times[taken].max())
-        span = high - low + 1
-        if (int(key_of[taken].max()) + 1) * span >= 2**62:
-            return None
-        arrival = np.empty(len(times), np.int64)
-        order = taken[np.lexsort((taken, sides[taken], times[taken], key_of[taken]))]
-        arrival[order] = np.arange(len(order))
-        lefts = taken[sides[taken] == LEFT]
-        rights = taken[sides[taken] == RIGHT]
-        rights = rights[np.lexsort((arrival[rights],))]  # by key, time, position
-        spot = key_of[rights] * span + (times[rights] - low)
-        tl, base = times[lefts], key_of[lefts] * span - low
-        lo = np.clip(tl + self.lower, low, high)
-        hi = np.clip(tl + self.upper, low, high)
-        found = (tl + self.lower <= high) & (tl + self.upper >= low)
-        start = np.searchsorted(spot, base + lo, side="left")
-        end = np.where(found, np.searchsorted(spot, base + hi, side="right"), start)
-        count = end - start
-        run, j = each_of_runs(count)
-        paired_left = lefts[run]
-        paired_right = rights[start[run] + j]
-        a, b = arrival[paired_left], arrival[paired_right]
-        emitted = np.lexsort((np.minimum(a, b), np.maximum(a, b)))
-        return paired_left[emitted], paired_right[emitted]
+        return join_on_columns(self, batch)
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:
         before = _watermark_before(self.name, ctx)

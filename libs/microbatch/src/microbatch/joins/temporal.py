@@ -46,7 +46,6 @@ join — refused when the pipeline is built, unlike a :class:`~microbatch.joins.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -56,12 +55,10 @@ import pyarrow as pa
 from microbatch.errors import ConfigError
 from microbatch.joins.base import LATE, LEFT, RIGHT, JoinFunction, check_how, side_tables
 from microbatch.joins.base import watermark_before as _watermark_before
+from microbatch.joins.held import LIST, ONE, Side, list_of, read_held
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
-from microbatch.state.codec import FAST_TAG, decode_value, encode_values
-from microbatch.state.codec_rows import decode_rows, schema_of_records
-from microbatch.state.handles import KeyedMaps
 from microbatch.windows.spec import Duration, duration_ms
 
 HOWS = ("inner", "left")
@@ -135,8 +132,8 @@ class TemporalJoin(JoinFunction):
         skip[left_keys[(lt == UNREADABLE) | (lt < horizon)]] = True  # process dead-letters
         skip[right_keys[rt == UNREADABLE]] = True
         keys = np.flatnonzero(~skip)
-        waiting = _held(batch.map(PENDING), keys, left.schema, lists=True)
-        stored = _held(batch.map(VERSIONS), keys, right.schema, lists=False)
+        waiting = read_held(batch.map(PENDING), keys, left.schema, LIST)
+        stored = read_held(batch.map(VERSIONS), keys, right.schema, ONE)
         if waiting is None or stored is None:
             return None
         in_force = np.full(batch.key_count, UNREADABLE, dtype=np.int64)
@@ -144,8 +141,8 @@ class TemporalJoin(JoinFunction):
         np.maximum.at(in_force, stored.keys[at_horizon], stored.times[at_horizon])
         skip[right_keys[rt < in_force[right_keys]]] = True  # late: process dead-letters it
         taken = ~skip
-        versions = _Held.of(stored, taken, right, right_keys, rt)
-        lefts = _Held.of(waiting, taken, left, left_keys, lt)
+        versions = Side.of(stored, taken, right, right_keys, rt)
+        lefts = Side.of(waiting, taken, left, left_keys, lt)
         # Left records by key, time, then as they wait (earlier batches' first): the
         # order the timers emit them in. Those the watermark passes go out now.
         order = np.lexsort((np.arange(len(lefts.keys)), lefts.times, lefts.keys))
@@ -160,15 +157,15 @@ class TemporalJoin(JoinFunction):
         return Handled(taken, {}, pa.table(columns, names=select.names), lefts.keys[due])
 
     def _write(
-        self, batch: KeyedBatch, versions: _Held, lefts: _Held, order: np.ndarray, watermark: int
+        self, batch: KeyedBatch, versions: Side, lefts: Side, order: np.ndarray, watermark: int
     ) -> None:
         """The state and timers ``process`` and the batch's timers leave: the batch's
         versions (the last of each time) with their retention timers; each time's left
         records still waiting, with their timer; no entry for a time that was emitted."""
         assert batch.columns is not None
         latest = _latest(versions)[2]
-        new = latest[latest >= versions.count] - versions.count  # the batch's, once each
-        added_keys, added_times = versions.keys[versions.count :], versions.times[versions.count :]
+        new = latest[latest >= versions.held] - versions.held  # the batch's, once each
+        added_keys, added_times = versions.keys[versions.held :], versions.times[versions.held :]
         batch.map(VERSIONS).put_many_encoded(
             added_keys[new].tolist(), added_times[new].tolist(),
             batch.columns.payloads(RIGHT).take(versions.batch_rows[new]).to_pylist(),
@@ -181,16 +178,17 @@ class TemporalJoin(JoinFunction):
         keys, times = lefts.keys[order], lefts.times[order]
         starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (times[1:] != times[:-1])])
         ends = np.r_[starts[1:], len(order)]
-        grew = np.add.reduceat((order >= lefts.count).astype(np.int64), starts)  # new ones
+        grew = np.add.reduceat((order >= lefts.held).astype(np.int64), starts)  # new ones
         gone = (times[starts] < watermark) & (grew < ends - starts)  # emitted: had waited
         pending.remove_many(keys[starts[gone]].tolist(), times[starts[gone]].tolist())
         stays = np.flatnonzero((times[starts] >= watermark) & (grew > 0))  # with new records
         if not len(stays):
             return
-        payloads = lefts.payloads(batch.columns.payloads(LEFT))
+        groups = [order[starts[s] : ends[s]] for s in stays]
+        payloads = iter(lefts.payloads(batch.columns.payloads(LEFT), np.concatenate(groups)))
         pending.put_many_encoded(
             keys[starts[stays]].tolist(), times[starts[stays]].tolist(),
-            [_list_of([payloads[i] for i in order[starts[s] : ends[s]]]) for s in stays],
+            [list_of([next(payloads) for _ in group]) for group in groups],
         )  # fmt: skip
         batch.register_timers(keys[starts[stays]].tolist(), (times[starts[stays]] + 1).tolist())
 
@@ -258,69 +256,7 @@ class TemporalJoin(JoinFunction):
             versions.remove(v)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Held:
-    """Records of one side by key and time: first ``count`` held in state (``payloads``
-    their codec bytes), then the batch's (rows ``batch_rows`` of its side's table);
-    ``rows``, all of them as columns."""
-
-    keys: np.ndarray
-    times: np.ndarray
-    rows: pa.Table
-    count: int
-    payloads_held: list[bytes]
-    batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
-
-    @classmethod
-    def of(
-        cls, held: _Held, taken: np.ndarray, table: pa.Table, keys: np.ndarray,
-        times: np.ndarray,
-    ) -> _Held:  # fmt: skip
-        """``held``'s records of the ``taken`` keys, then those of the batch (``table``,
-        with each row's key and time)."""
-        kept, rows = taken[held.keys], np.flatnonzero(taken[keys])
-        return cls(
-            np.concatenate([held.keys[kept], keys[rows]]),
-            np.concatenate([held.times[kept], times[rows]]),
-            pa.concat_tables(
-                [held.rows.filter(pa.array(kept)), table.take(rows)], promote_options="default"
-            ),
-            int(kept.sum()),
-            [p for p, k in zip(held.payloads_held, kept.tolist(), strict=True) if k],
-            rows,
-        )
-
-    def payloads(self, batch_payloads: pa.Array) -> list[bytes]:
-        """Each record's codec bytes, held ones first: ``batch_payloads`` are the side's
-        payloads in the batch."""
-        batch: list[bytes] = batch_payloads.take(self.batch_rows).to_pylist()
-        return self.payloads_held + batch
-
-
-def _held(maps: KeyedMaps, keys: np.ndarray, schema: pa.Schema, lists: bool) -> _Held | None:
-    """The records held in map state ``maps`` (by time: a record each, or a list of them
-    when ``lists``) for ``keys``, as rows of ``schema`` (as they were stored, when the
-    batch has no record of the side); None when one is not such a row."""
-    entries = maps.entries_encoded(keys.tolist())
-    held_keys, times, payloads = [], [], []
-    for k, held in zip(keys.tolist(), entries, strict=True):
-        for field, data in held:
-            records = encode_values(decode_value(data)) if lists else [data]
-            held_keys += [k] * len(records)
-            times += [decode_value(field)] * len(records)
-            payloads += records
-    datas = pa.array(payloads, pa.binary())
-    if any(pa.types.is_null(t) for t in schema.types):  # no record of the side this batch
-        schema = schema_of_records(datas) or schema
-    rows = decode_rows(datas, schema)
-    if rows is None:
-        return None
-    return _Held(
-        np.array(held_keys, np.int64), np.array(times, np.int64), rows, len(payloads), payloads
-    )
-
-
-def _latest(versions: _Held) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _latest(versions: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Keys, times and rows of the versions held after the batch, by key and time: of two
     at the same key and time the later row — the batch's over a stored one, a later
     record over an earlier — as a loop of ``put`` leaves them."""
@@ -346,15 +282,3 @@ def _newest_at(
     i = np.searchsorted(spot, query, side="right") - 1  # the newest at or before
     at = np.maximum(i, 0)
     return np.where((i >= 0) & (version_keys[at] == keys), rows[at], -1)
-
-
-def _list_of(payloads: list[bytes]) -> bytes:
-    """The codec's bytes of the list of the records whose bytes are ``payloads`` (each
-    the fast form): what ``encode_value`` of that list gives."""
-    n = len(payloads)
-    head = (
-        bytes([0x90 | n])
-        if n < 16
-        else (b"\xdc" + n.to_bytes(2, "big") if n < 2**16 else b"\xdd" + n.to_bytes(4, "big"))
-    )
-    return FAST_TAG + head + b"".join(p[1:] for p in payloads)

@@ -48,6 +48,7 @@ class SideColumns:
         self._payloads, self._sides, self._schemas = payloads, sides, schemas
         self._deletes = deletes
         self._tables: dict[int, pa.Table | None] = {}
+        self._of_side: dict[int, pa.Array] = {}
 
     def count(self, side: int) -> int:
         """How many records side ``side`` has."""
@@ -55,7 +56,9 @@ class SideColumns:
 
     def payloads(self, side: int) -> pa.Array:
         """Side ``side``'s payloads, in processing order (row ``i`` of :meth:`table`)."""
-        return self._payloads.filter(pa.array(self._sides == side))
+        if side not in self._of_side:
+            self._of_side[side] = self._payloads.filter(pa.array(self._sides == side))
+        return self._of_side[side]
 
     def deleted(self, side: int) -> np.ndarray:
         """Per record of side ``side``: is it a delete (a ``None`` record on a side that

@@ -266,9 +266,13 @@ class KeyedMaps:
         """Each of ``keys``' live entries as ``(field, value)`` codec bytes: the field in
         the canonical encoding (:func:`~.codec.decode_value` reads both), in no order."""
         backend, name, now = self._backend, self._spec.name, self._backend.now_ms()
+        groups = [self._groups[k] for k in keys]
+        tables = {kg: backend.table(kg, name) for kg in set(groups)}
+        if not any(tables.values()):  # nothing held in any of their key-groups
+            return [[] for _ in keys]
         out: list[list[tuple[bytes, bytes]]] = []
-        for k in keys:
-            table = backend.table(self._groups[k], name)
+        for k, kg in zip(keys, groups, strict=True):
+            table = tables[kg]
             entries = table.get(self._bytes[k]) if table else None
             out.append(
                 [(f, v) for f, (v, exp) in entries.items() if exp is None or exp > now]
