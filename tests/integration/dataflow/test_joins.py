@@ -117,12 +117,16 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
         o.join(p, join, uid=f"join-{how}").to(ParquetSink(how, f"{tmp_path}/{how}"))
     windowed = WindowJoin("ts", "ts", "20s")
     o.join(p, windowed, uid="join-window").to(ParquetSink("window", f"{tmp_path}/window"))
-    # The same inner and window joins naming their output: they join on columns.
+    # The inner, full outer and window joins naming their output: they join on columns.
     named = fields(left=["oid", "card"], right=["pid"])
     o.join(p, IntervalJoin("ts", "ts", between=(-2_000, 2_000), select=named),
            uid="join-columns").to(ParquetSink("columns", f"{tmp_path}/columns"))  # fmt: skip
     o.join(p, WindowJoin("ts", "ts", "20s", select=named), uid="join-window-columns").to(
         ParquetSink("window_columns", f"{tmp_path}/window_columns")
+    )
+    full_named = IntervalJoin("ts", "ts", between=(-2_000, 2_000), how="full", select=named)
+    o.join(p, full_named, uid="join-full-columns").to(
+        ParquetSink("full_columns", f"{tmp_path}/full_columns")
     )
     pipeline = flow.build()
 
@@ -134,7 +138,7 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
     for i in (2, 3):  # the rest, then one more: the flush moved the watermark past all
         runner.run(BatchOptions(run_id=f"r{i}", parallelism=1))
 
-    sinks = ("inner", "full", "window", "columns", "window_columns")
+    sinks = ("inner", "full", "window", "columns", "window_columns", "full_columns")
     got = {name: read_parquet_sink(str(tmp_path / name)).to_pylist() for name in sinks}
     inner = spark_pairs(spark, orders, payments, "inner")
     assert sum(inner.values()) > 50, "the data should join often"
@@ -145,6 +149,10 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
     assert pairs(got["window"]) == same_window
     assert pairs(got["columns"]) == pairs(got["inner"])
     assert pairs(got["window_columns"]) == same_window
+    full_columns = Counter((r["oid"], r["pid"]) for r in got["full_columns"] if -1 not in
+                           (r["oid"], r["pid"]))  # fmt: skip
+    assert full_columns == pairs(got["full"])
+    assert any(oid is None for oid, _ in full_columns) and any(p is None for _, p in full_columns)
     assert read_parquet_sink(str(tmp_path / "dead")).num_rows == 0
     row = next(r for r in got["inner"] if r["card"] != "flush")
     assert set(row) >= {"oid", "pid", "card", "ts", "ts_right"}
