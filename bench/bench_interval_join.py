@@ -8,6 +8,14 @@ reference is the same join with the output written as a function: the payloads d
 into dicts and ``process`` per key, then its timers, as ``ProcessHarness`` runs them.
 Engines alternate over ``--rounds``; both must give the same pairs in the same order.
 
+A second part holds records across batches: a left join, payments up to 5 minutes after
+their order, over three one-minute batches of ``--orders // 4`` orders and payments each,
+every batch's watermark 2 s behind its newest time — so each batch pairs its records with
+those the previous ones hold, reads them back from state and writes back the buckets
+that stay. Both paths run in ``ProcessHarness`` (which encodes the column path's payloads
+first and round-trips the state after each batch for both) and must give the same rows
+and leave the same state.
+
 It prints CPU seconds (median and best) per path and the ratio reference ÷ columns, with
 the load.
 
@@ -101,6 +109,34 @@ def by_key(join: IntervalJoin, batch: Batch) -> tuple[float, list[Any]]:
     return elapsed, list(out.emitted)
 
 
+def held_batches(n: int, cards: int) -> list[tuple[list, list, int]]:
+    """Three one-minute batches of ``n`` orders and ``n`` payments: ``(key, record)``
+    pairs and the batch's watermark."""
+    rng = np.random.default_rng(11)
+    out = []
+    for b in range(3):
+        start = BASE + b * 60_000
+        sides = []
+        for side in range(2):
+            ts = start + np.sort(rng.integers(0, 60_000, n)) - rng.integers(0, 2_000, n)
+            card = rng.integers(0, cards, n)
+            sides.append([
+                (k, {"id": side * 10**9 + b * n + i, "card": k, "ts": t})
+                for i, (k, t) in enumerate(zip(card.tolist(), ts.tolist(), strict=True))
+            ])  # fmt: skip
+        out.append((sides[0], sides[1], start + 58_000))
+    return out
+
+
+def across_batches(join: IntervalJoin, data: list[tuple[list, list, int]]) -> tuple[float, Any]:
+    started = time.process_time()
+    harness = ProcessHarness(join, max_parallelism=MAXP)
+    results = [harness.batch(sided(o, p), watermark=w) for o, p, w in data]
+    elapsed = time.process_time() - started
+    rows = [sorted(map(str, r.emitted)) for r in results]
+    return elapsed, (rows, [harness.state(k) for k in range(0, 2_000, 97)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=200_000)
@@ -126,8 +162,24 @@ def main() -> None:
         if outs["columns"] != outs["key by key"]:
             raise SystemExit("the two paths gave different pairs")
         log(f"round {r + 1}: {len(outs['columns']):,} pairs, {load()}")
+    held = held_batches(args.orders // 4, args.cards // 10)
+    joins = {
+        "held, columns": IntervalJoin("ts", "ts", (0, "5m"), how="left", select=PICK),
+        "held, key by key": IntervalJoin(
+            "ts", "ts", (0, "5m"), how="left", select=lambda o, p: PICK(o, p)
+        ),
+    }
+    for r in range(args.rounds):
+        outs = {}
+        for name in list(joins) if r % 2 == 0 else list(reversed(joins)):
+            t, outs[name] = across_batches(joins[name], held)
+            times.setdefault(name, []).append(t)
+        if outs["held, columns"] != outs["held, key by key"]:
+            raise SystemExit("across batches, the two paths gave different rows or state")
+        rows = sum(len(b) for b in outs["held, columns"][0])
+        log(f"round {r + 1} across batches: {rows:,} rows, {load()}")
     gc.enable()
-    print_ratios(times, [("columns", "key by key")])  # CPU-s median (best), key by key ÷ columns
+    print_ratios(times, [("columns", "key by key"), ("held, columns", "held, key by key")])
     log(f"{args.rounds} rounds; now {load()}")
 
 

@@ -49,3 +49,9 @@ def decode_rows(
     kinds: list[int],
     nullable: list[bool],
 ) -> list[tuple[bytes | None, int, bytes, bytes | None]] | None: ...
+def split_lists(
+    offsets: Any, data: Any, prefix: bytes, flagged: bool
+) -> tuple[bytes, bytes, bytes, bytes] | None: ...
+def join_lists(
+    offsets: Any, data: Any, prefix: bytes, counts: Any, flags: Any | None = None
+) -> tuple[bytes, bytes] | None: ...

@@ -460,6 +460,8 @@ fn microbatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(json::decode_json, m)?)?;
     m.add_function(wrap_pyfunction!(msgpack::encode_rows, m)?)?;
     m.add_function(wrap_pyfunction!(unpack::decode_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack::split_lists, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack::join_lists, m)?)?;
     m.add("ReadError", m.py().get_type::<ReadError>())?;
     Ok(())
 }

@@ -11,7 +11,7 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBytes, PyList};
 
 use crate::json::{Column, Slot, BOOLEAN, DOUBLE, INT, LONG, STRING};
 
@@ -91,6 +91,59 @@ impl<'a> Reader<'a> {
                 0xc3 => Slot::Bool(true),
                 _ => return None,
             },
+            _ => return None,
+        })
+    }
+}
+
+impl Reader<'_> {
+    /// Past one whole MessagePack value (of any type, nested up to `depth`); None when
+    /// the bytes end first or nest deeper.
+    fn skip(&mut self, depth: u32) -> Option<()> {
+        let m = self.byte()?;
+        let (n, items) = match m {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
+            0x80..=0x8f => (0, 2 * (m & 0x0f) as usize),
+            0x90..=0x9f => (0, (m & 0x0f) as usize),
+            0xa0..=0xbf => ((m & 0x1f) as usize, 0),
+            0xc4 | 0xd9 => (self.byte()? as usize, 0),
+            0xc5 | 0xda => (u16::from_be_bytes(self.be()?) as usize, 0),
+            0xc6 | 0xdb => (u32::from_be_bytes(self.be()?) as usize, 0),
+            0xcc | 0xd0 => (1, 0),
+            0xcd | 0xd1 => (2, 0),
+            0xca | 0xce | 0xd2 => (4, 0),
+            0xcb | 0xcf | 0xd3 => (8, 0),
+            0xd4 => (2, 0),
+            0xd5 => (3, 0),
+            0xd6 => (5, 0),
+            0xd7 => (9, 0),
+            0xd8 => (17, 0),
+            0xc7 => (self.byte()? as usize + 1, 0),
+            0xc8 => (u16::from_be_bytes(self.be()?) as usize + 1, 0),
+            0xc9 => (u32::from_be_bytes(self.be()?) as usize + 1, 0),
+            0xdc => (0, u16::from_be_bytes(self.be()?) as usize),
+            0xdd => (0, u32::from_be_bytes(self.be()?) as usize),
+            0xde => (0, 2 * u16::from_be_bytes(self.be()?) as usize),
+            0xdf => (0, 2 * u32::from_be_bytes(self.be()?) as usize),
+            0xc1 => return None, // never used
+        };
+        self.take(n)?;
+        if items > 0 && depth == 0 {
+            return None;
+        }
+        for _ in 0..items {
+            self.skip(depth - 1)?;
+        }
+        Some(())
+    }
+
+    /// An array's length after its header; None for another type.
+    fn array_len(&mut self) -> Option<usize> {
+        let m = self.byte()?;
+        Some(match m {
+            0x90..=0x9f => (m & 0x0f) as usize,
+            0xdc => u16::from_be_bytes(self.be()?) as usize,
+            0xdd => u32::from_be_bytes(self.be()?) as usize,
             _ => return None,
         })
     }
@@ -199,4 +252,165 @@ pub fn decode_rows<'py>(
         out.append(column.into_py(py)?)?;
     }
     Ok(Some(out))
+}
+
+/// How deep a held record may nest: a flat row is 1 (a map of scalars).
+const MAX_DEPTH: u32 = 64;
+
+/// Split lists: the records' int32 offsets and bytes, their flags, the lists' lengths.
+type Split<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+/// Lists of records held in state — each payload `prefix` + a MessagePack array of
+/// records, or with `flagged` of `[record, bool]` pairs — split into one payload per
+/// record (`prefix` + its bytes): the new payloads' int32 offsets and data, each
+/// record's flag (0/1; 0 without `flagged`), and each list's length (int64). None when a
+/// payload is not such a list (the tagged form, another shape): the caller decodes them
+/// in Python.
+#[pyfunction]
+pub fn split_lists<'py>(
+    py: Python<'py>,
+    offsets: PyBuffer<i32>,
+    data: PyBuffer<u8>,
+    prefix: &[u8],
+    flagged: bool,
+) -> PyResult<Option<Split<'py>>> {
+    let offsets = offsets.to_vec(py)?;
+    // SAFETY: a read-only view of the buffer, alive while `data` is held.
+    let data: &[u8] =
+        unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.item_count()) };
+    let mut starts: Vec<i32> = vec![0];
+    let mut out: Vec<u8> = Vec::new();
+    let mut flags: Vec<u8> = Vec::new();
+    let mut counts: Vec<i64> = Vec::with_capacity(offsets.len().saturating_sub(1));
+    for w in offsets.windows(2) {
+        let (a, b) = (w[0] as usize, w[1] as usize);
+        let Some(payload) = data.get(a..b).and_then(|p| p.strip_prefix(prefix)) else {
+            return Ok(None);
+        };
+        let mut r = Reader {
+            bytes: payload,
+            at: 0,
+        };
+        let Some(n) = r.array_len() else {
+            return Ok(None);
+        };
+        for _ in 0..n {
+            if flagged && r.array_len() != Some(2) {
+                return Ok(None);
+            }
+            let start = r.at;
+            if r.skip(MAX_DEPTH).is_none() {
+                return Ok(None);
+            }
+            out.extend_from_slice(prefix);
+            out.extend_from_slice(&payload[start..r.at]);
+            let Ok(end) = i32::try_from(out.len()) else {
+                return Ok(None); // past 2 GiB: the caller's path
+            };
+            starts.push(end);
+            let flag = if flagged {
+                match r.byte() {
+                    Some(0xc3) => 1,
+                    Some(0xc2) => 0,
+                    _ => return Ok(None),
+                }
+            } else {
+                0
+            };
+            flags.push(flag);
+        }
+        if r.at != payload.len() {
+            return Ok(None);
+        }
+        counts.push(n as i64);
+    }
+    let bytes_of = |v: &[u8]| PyBytes::new(py, v);
+    let starts: Vec<u8> = starts.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    let counts: Vec<u8> = counts.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    Ok(Some((
+        bytes_of(&starts),
+        bytes_of(&out),
+        bytes_of(&flags),
+        bytes_of(&counts),
+    )))
+}
+
+/// The inverse of [`split_lists`]: records (`prefix` + one value each, Arrow binary
+/// `offsets` and `data`) laid end to end in lists of `counts[i]`, each list `prefix` + a
+/// MessagePack array of them — with `flags` (one byte per record, 0/1), of
+/// `[record, bool]` pairs. Returns the lists' int32 offsets and data; None when a record
+/// lacks the prefix or the lists pass 2 GiB.
+#[pyfunction]
+#[pyo3(signature = (offsets, data, prefix, counts, flags=None))]
+pub fn join_lists<'py>(
+    py: Python<'py>,
+    offsets: PyBuffer<i32>,
+    data: PyBuffer<u8>,
+    prefix: &[u8],
+    counts: PyBuffer<i64>,
+    flags: Option<PyBuffer<u8>>,
+) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+    let offsets = offsets.to_vec(py)?;
+    let counts = counts.to_vec(py)?;
+    let flags = match flags {
+        Some(f) => Some(f.to_vec(py)?),
+        None => None,
+    };
+    // SAFETY: a read-only view of the buffer, alive while `data` is held.
+    let data: &[u8] =
+        unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.item_count()) };
+    let records = offsets.len().saturating_sub(1);
+    let total: i64 = counts.iter().sum();
+    if counts.iter().any(|&c| c < 0)
+        || total as usize != records
+        || flags.as_ref().is_some_and(|f| f.len() != records)
+    {
+        return Err(PyValueError::new_err(
+            "join_lists: counts must add up to the records, and flags have one per record",
+        ));
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(data.len() + 8 * counts.len());
+    let mut starts: Vec<i32> = Vec::with_capacity(counts.len() + 1);
+    starts.push(0);
+    let mut i = 0usize;
+    for &n in &counts {
+        let n = n as usize;
+        out.extend_from_slice(prefix);
+        match n {
+            0..=15 => out.push(0x90 | n as u8),
+            16..=0xffff => {
+                out.push(0xdc);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            _ => {
+                out.push(0xdd);
+                out.extend_from_slice(&(n as u32).to_be_bytes());
+            }
+        }
+        for _ in 0..n {
+            let (a, b) = (offsets[i] as usize, offsets[i + 1] as usize);
+            let Some(record) = data.get(a..b).and_then(|r| r.strip_prefix(prefix)) else {
+                return Ok(None);
+            };
+            if let Some(f) = &flags {
+                out.push(0x92);
+                out.extend_from_slice(record);
+                out.push(if f[i] != 0 { 0xc3 } else { 0xc2 });
+            } else {
+                out.extend_from_slice(record);
+            }
+            i += 1;
+        }
+        let Ok(end) = i32::try_from(out.len()) else {
+            return Ok(None);
+        };
+        starts.push(end);
+    }
+    let starts: Vec<u8> = starts.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    Ok(Some((PyBytes::new(py, &starts), PyBytes::new(py, &out))))
 }

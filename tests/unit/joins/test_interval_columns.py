@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from microbatch.joins import IntervalJoin, fields
+from microbatch.joins import held as held_module
 from microbatch.keygroups import KeyGroupRange, encode_key
 from microbatch.runtime import KafkaSource, ParquetSink
 from microbatch.runtime.process import Handled, KeyedBatch
@@ -141,6 +142,20 @@ def by_key(emitted: tuple) -> dict[str, list[str]]:
 def test_keys_on_columns_leave_the_state_and_output_process_leaves(
     how: str, seed: int, bounds: tuple[int, int]
 ) -> None:
+    compare_with_process(how, seed, bounds)
+
+
+def test_held_lists_read_and_written_in_python_give_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the extension's ``split_lists`` and ``join_lists`` the held lists are read
+    and written in Python: the same output and state."""
+    monkeypatch.setattr(held_module, "split_lists", lambda *args: None)
+    monkeypatch.setattr(held_module, "join_lists", lambda *args: None)
+    compare_with_process("full", 5, (-100, 100))
+
+
+def compare_with_process(how: str, seed: int, bounds: tuple[int, int]) -> None:
     """Out of order, late records, records held across batches, rescales: after every
     batch each key's output (in order), the dead letters and each key's state and timers
     are those of the same join of dicts."""

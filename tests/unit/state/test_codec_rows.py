@@ -3,8 +3,10 @@ of each row's dict — for every type the extension packs, nulls, slices and edg
 
 from __future__ import annotations
 
+import itertools
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -229,3 +231,67 @@ def test_the_schema_of_alike_records_is_guessed_from_the_first_and_checked_on_al
 def test_no_schema_is_guessed_from_records_that_are_no_flat_rows(first: object) -> None:
     payloads = pa.array(encode_values([first, {"other": 1}]), pa.binary())
     assert codec_rows.schema_of_records(payloads) is None
+
+
+def lists(values: list) -> pa.Array:
+    return pa.array(encode_values(values), pa.binary())
+
+
+def test_lists_of_records_split_into_the_payloads_of_their_records() -> None:
+    """What a join holds per time — a list of records, or of ``[record, matched]`` — split
+    into one payload per record, each the bytes ``encode_values`` gives the record."""
+    rng = random.Random(5)
+    records = [{"id": i, "name": "x" * rng.randrange(40), "score": rng.random(),
+                "tags": ["a", {"deep": [1, None, True]}], "big": -(2**63), "raw": b"\x00\xff"}
+               for i in range(70_000)]  # fmt: skip
+    cuts = [0, 0, 1, 16, 17, 40, 69_999, 70_000]  # fixarray, array16, array32 lengths
+    held = [records[a:b] for a, b in itertools.pairwise(cuts)]
+    split = codec_rows.split_lists(lists(held), flagged=False)
+    assert split is not None
+    payloads, flags, lengths = split
+    assert payloads.to_pylist() == encode_values(records)
+    assert lengths.tolist() == [len(h) for h in held] and not flags.any()
+    pairs = [[[r, i % 3 == 0] for i, r in enumerate(h)] for h in held[:5]]
+    split = codec_rows.split_lists(lists(pairs).slice(1), flagged=True)  # an offset, too
+    assert split is not None
+    payloads, flags, lengths = split
+    assert payloads.to_pylist() == encode_values([r for p in pairs[1:] for r, _ in p])
+    assert flags.tolist() == [m for p in pairs[1:] for _, m in p]
+    assert lengths.tolist() == [len(p) for p in pairs[1:]]
+
+
+def test_records_joined_into_lists_are_the_bytes_of_the_lists() -> None:
+    records = [{"id": i, "name": f"n{i}", "x": [i, None]} for i in range(66_000)]
+    counts = [0, 3, 15, 16, 65_535, 431]
+    flags = [i % 2 == 0 for i in range(66_000)]
+    payloads = pa.array(encode_values(records), pa.binary()).slice(0)
+    starts = list(itertools.accumulate([0, *counts]))
+    plain = codec_rows.join_lists(payloads, np.array(counts))
+    assert plain is not None
+    assert plain.to_pylist() == encode_values([records[a:b] for a, b in itertools.pairwise(starts)])
+    paired = codec_rows.join_lists(payloads, np.array(counts), np.array(flags))
+    assert paired is not None
+    assert paired.to_pylist() == encode_values(
+        [[[r, f] for r, f in zip(records[a:b], flags[a:b], strict=True)]
+         for a, b in itertools.pairwise(starts)]
+    )  # fmt: skip
+    split = codec_rows.split_lists(paired, flagged=True)
+    assert split is not None and split[0].to_pylist() == payloads.to_pylist()
+    tagged = pa.array([b"X" + encode_values([{"a": 1}])[0][1:]], pa.binary())
+    assert codec_rows.join_lists(tagged, np.array([1])) is None
+
+
+@pytest.mark.parametrize(
+    ("values", "flagged"),
+    [
+        ([[{"a": (1, 2)}]], False),  # a tuple inside: the tagged form
+        ([{"a": 1}], False),  # no list
+        ([[[{"a": 1}]]], True),  # a flagged entry that is no pair
+        ([[[{"a": 1}, 1]]], True),  # a flag that is no bool
+        ([[{"a": 1}]], True),  # a record where a pair should be
+    ],
+)
+def test_what_is_no_such_list_is_left_to_python(values: list, flagged: bool) -> None:
+    assert codec_rows.split_lists(lists(values), flagged) is None
+    trailing = pa.array([encode_values([[{"a": 1}]])[0] + b"\xc0"], pa.binary())
+    assert codec_rows.split_lists(trailing, flagged=False) is None

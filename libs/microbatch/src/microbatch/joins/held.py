@@ -15,8 +15,8 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from microbatch.state.codec import FAST_TAG, decode_value, encode_values
-from microbatch.state.codec_rows import decode_rows, schema_of_records
+from microbatch.state.codec import FAST_TAG, decode_value, decode_values, encode_values
+from microbatch.state.codec_rows import decode_rows, join_lists, schema_of_records, split_lists
 from microbatch.state.handles import KeyedMaps
 
 ONE, LIST, FLAGGED = "one", "list", "flagged"
@@ -32,7 +32,7 @@ class Side:
     times: np.ndarray
     rows: pa.Table
     held: int
-    payloads_held: list[bytes]
+    payloads_held: pa.Array
     #: Per held record: its ``matched`` flag (``FLAGGED``) and its place in its time's list.
     flags: np.ndarray
     slots: np.ndarray
@@ -53,19 +53,17 @@ class Side:
                 [held.rows.filter(pa.array(kept)), table.take(rows)], promote_options="default"
             ),
             int(kept.sum()),
-            [p for p, k in zip(held.payloads_held, kept.tolist(), strict=True) if k],
+            held.payloads_held.filter(pa.array(kept)),
             held.flags[kept],
             held.slots[kept],
             rows,
         )
 
-    def payloads(self, batch_payloads: pa.Array, at: np.ndarray) -> list[bytes]:
+    def payloads(self, batch_payloads: pa.Array, at: np.ndarray) -> pa.Array:
         """The codec bytes of the records at ``at``: ``batch_payloads`` are the side's
         payloads in the batch."""
-        new = batch_payloads.take(self.batch_rows[at[at >= self.held] - self.held])
-        fresh = iter(new.to_pylist())
-        held = self.payloads_held
-        return [held[i] if i < self.held else next(fresh) for i in at.tolist()]
+        every = pa.concat_arrays([self.payloads_held, batch_payloads.take(self.batch_rows)])
+        return every.take(at)
 
 
 def read_held(maps: KeyedMaps, keys: np.ndarray, schema: pa.Schema, shape: str) -> Side | None:
@@ -73,36 +71,59 @@ def read_held(maps: KeyedMaps, keys: np.ndarray, schema: pa.Schema, shape: str) 
     ``schema`` (as they were stored, when the batch has no record of the side); None when
     one is not such a row."""
     entries = maps.entries_encoded(keys.tolist())
-    held_keys: list[int] = []
-    times: list[int] = []
-    payloads: list[bytes] = []
-    flags: list[bool] = []
-    slots: list[int] = []
-    for k, held in zip(keys.tolist(), entries, strict=True):
-        for field, data in held:
-            value = decode_value(data)
-            if shape == ONE:
-                records, matched = [value], [False]
-            elif shape == LIST:
-                records, matched = value, [False] * len(value)
-            else:
-                records, matched = [r for r, _ in value], [bool(m) for _, m in value]
-            n = len(records)
-            held_keys += [k] * n
-            times += [decode_value(field)] * n
-            slots += range(n)
-            flags += matched
-            payloads += [data] if shape == ONE else encode_values(records)
-    datas = pa.array(payloads, pa.binary())
+    counts = np.array([len(held) for held in entries], dtype=np.int64)
+    owners = np.repeat(keys, counts)  # each entry's key
+    fields = [decode_value(field) for held in entries for field, _ in held]
+    datas = pa.array([data for held in entries for _, data in held], pa.binary())
+    if shape == ONE:
+        payloads, flags, lengths = datas, np.zeros(len(datas), bool), np.ones(len(datas), np.int64)
+    else:
+        split = split_lists(datas, shape == FLAGGED) or _split_in_python(datas, shape)
+        payloads, flags, lengths = split
     if any(pa.types.is_null(t) for t in schema.types):  # no record of the side this batch
-        schema = schema_of_records(datas) or schema
-    rows = decode_rows(datas, schema)
+        schema = schema_of_records(payloads) or schema
+    rows = decode_rows(payloads, schema)
     if rows is None:
         return None
+    total = int(lengths.sum())
+    slots = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     return Side(
-        np.array(held_keys, np.int64), np.array(times, np.int64), rows, len(payloads), payloads,
-        np.array(flags, dtype=bool), np.array(slots, np.int64),
+        np.repeat(owners, lengths), np.repeat(np.array(fields, np.int64), lengths), rows, total,
+        payloads, flags, slots,
     )  # fmt: skip
+
+
+def _split_in_python(datas: pa.Array, shape: str) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """:func:`~microbatch.state.codec_rows.split_lists` by decoding each list (a list in
+    the codec's tagged form, or no extension)."""
+    records, flags, lengths = [], [], []
+    for value in decode_values(datas.to_pylist()):
+        if shape == FLAGGED:
+            records += [r for r, _ in value]
+            flags += [bool(m) for _, m in value]
+        else:
+            records += value
+            flags += [False] * len(value)
+        lengths.append(len(value))
+    payloads = pa.array(encode_values(records), pa.binary())
+    return payloads, np.array(flags, bool), np.array(lengths, np.int64)
+
+
+def lists_of(
+    payloads: pa.Array, counts: np.ndarray, flags: np.ndarray | None = None
+) -> list[bytes]:
+    """The codec's bytes of each list of records ``payloads`` laid end to end in lists
+    of ``counts[i]`` (with ``flags``, of ``[record, flag]`` pairs), as ``process``
+    writes them."""
+    joined = join_lists(payloads, counts, flags)
+    if joined is not None:
+        out: list[bytes] = joined.to_pylist()
+        return out
+    records, marks = iter(payloads.to_pylist()), iter([] if flags is None else flags.tolist())
+    if flags is None:
+        return [list_of([next(records) for _ in range(n)]) for n in counts.tolist()]
+    return [flagged_list_of([next(records) for _ in range(n)], [next(marks) for _ in range(n)])
+            for n in counts.tolist()]  # fmt: skip
 
 
 def list_of(payloads: list[bytes]) -> bytes:

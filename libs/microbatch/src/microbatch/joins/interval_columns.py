@@ -10,8 +10,9 @@ are put in the order ``process`` emits them: by the record that makes the pair, 
 its partner's time, held before new, then in list order. The timers the batch's
 watermark fires drop every record whose last partner time it passes, emitting the
 unmatched ones of an outer side; they are emitted after the key's pairs, by timer, left
-before right. What stays is written back as ``process`` writes it: a time's list when it
-got new records, or for an outer side when a held record found its first partner.
+before right, and those timers are deleted (they would find nothing left to do). What
+stays is written back as ``process`` writes it: a time's list when it got new records,
+or for an outer side when a held record found its first partner.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.joins.base import LEFT, RIGHT, SIDES, each_of_runs, side_tables
-from microbatch.joins.held import FLAGGED, Side, flagged_list_of, read_held
+from microbatch.joins.held import FLAGGED, Side, lists_of, read_held
 from microbatch.joins.select import Fields
 from microbatch.joins.times import UNREADABLE
 from microbatch.runtime.process import Handled, KeyedBatch
@@ -214,16 +215,15 @@ def _write(
     maps = batch.map(SIDES[side])
     gone = starts[expired & has_held]
     maps.remove_many(keys[gone].tolist(), times[gone].tolist())
+    # Their timers would fire for nothing now: every time of these keys that the
+    # watermark passes is done here (both sides' lists at one timer included).
+    batch.delete_timers(keys[gone].tolist(), (_expiry(join, side, times[gone]) + 1).tolist())
     stays = np.flatnonzero(~expired & (has_new | (has_flip & join.outer[side])))
     if len(stays):
-        groups = [order[starts[g] : ends[g]] for g in stays]
-        at = np.concatenate(groups)
-        payloads = iter(s.payloads(batch.columns.payloads(side), at))
-        flags = iter(matched[at].tolist())
-        maps.put_many_encoded(
-            keys[starts[stays]].tolist(), times[starts[stays]].tolist(),
-            [flagged_list_of([next(payloads) for _ in g], [next(flags) for _ in g])
-             for g in groups],
-        )  # fmt: skip
+        at = np.concatenate([order[starts[g] : ends[g]] for g in stays])
+        lists = lists_of(
+            s.payloads(batch.columns.payloads(side), at), ends[stays] - starts[stays], matched[at]
+        )
+        maps.put_many_encoded(keys[starts[stays]].tolist(), times[starts[stays]].tolist(), lists)
     timed = starts[~expired & has_new]
     batch.register_timers(keys[timed].tolist(), (_expiry(join, side, times[timed]) + 1).tolist())

@@ -55,7 +55,7 @@ import pyarrow as pa
 from microbatch.errors import ConfigError
 from microbatch.joins.base import LATE, LEFT, RIGHT, JoinFunction, check_how, side_tables
 from microbatch.joins.base import watermark_before as _watermark_before
-from microbatch.joins.held import LIST, ONE, Side, list_of, read_held
+from microbatch.joins.held import LIST, ONE, Side, lists_of, read_held
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
@@ -184,12 +184,11 @@ class TemporalJoin(JoinFunction):
         stays = np.flatnonzero((times[starts] >= watermark) & (grew > 0))  # with new records
         if not len(stays):
             return
-        groups = [order[starts[s] : ends[s]] for s in stays]
-        payloads = iter(lefts.payloads(batch.columns.payloads(LEFT), np.concatenate(groups)))
-        pending.put_many_encoded(
-            keys[starts[stays]].tolist(), times[starts[stays]].tolist(),
-            [list_of([next(payloads) for _ in group]) for group in groups],
-        )  # fmt: skip
+        at = np.concatenate([order[starts[s] : ends[s]] for s in stays])
+        lists = lists_of(
+            lefts.payloads(batch.columns.payloads(LEFT), at), ends[stays] - starts[stays]
+        )
+        pending.put_many_encoded(keys[starts[stays]].tolist(), times[starts[stays]].tolist(), lists)
         batch.register_timers(keys[starts[stays]].tolist(), (times[starts[stays]] + 1).tolist())
 
     def process(self, key: Any, records: Sequence[Any], ctx: ProcessContext) -> None:

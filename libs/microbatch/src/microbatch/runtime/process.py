@@ -191,6 +191,11 @@ class KeyedBatch:
         ``ctx.register_timer`` does in that key's call."""
         self._state().register_timers(keys, timestamps)
 
+    def delete_timers(self, keys: Sequence[int], timestamps: Sequence[int]) -> None:
+        """Key ``keys[i]``'s event-time timer at ``timestamps[i]`` deleted: what
+        ``ctx.delete_timer`` does in that key's call."""
+        self._state().delete_timers(keys, timestamps)
+
     def _state(self) -> BatchState:
         if self.state is None:
             raise NotImplementedError("this runtime gives process_batch no state")
@@ -235,9 +240,10 @@ class KeyedProcessFunction:
         output takes its place in key order. For the keys it takes it must leave the
         state, timers and output ``process`` and the batch's timers would, and only do
         what this allows: read and write value and map state (``batch.value(name)``,
-        ``batch.map(name)``), register event-time timers (``batch.register_timers``),
-        emit to the main output. A key that would dead-letter a record or raise is left
-        to ``process``. Default: none."""
+        ``batch.map(name)``), register and delete event-time timers
+        (``batch.register_timers``, ``batch.delete_timers``: a timer the batch's
+        watermark would fire for nothing), emit to the main output. A key that would
+        dead-letter a record or raise is left to ``process``. Default: none."""
         return None
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: ProcessContext) -> None:

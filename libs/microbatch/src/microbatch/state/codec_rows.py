@@ -111,6 +111,62 @@ _DECODED_KINDS = {
 }  # fmt: skip
 
 
+def split_lists(
+    payloads: pa.Array, flagged: bool
+) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
+    """Payloads each of a list of records (``flagged``: of ``[record, bool]`` pairs, as a
+    join holds them in state), split into one payload per record, without a Python
+    object per record: the records' payloads, each one's flag, and each list's length.
+    None when one is not such a list in the fast form, or there is no extension: decode
+    them as values (:func:`~microbatch.state.codec.decode_values`)."""
+    try:
+        from microbatch_native import split_lists as native
+    except ImportError:
+        return None
+    if payloads.null_count or not pa.types.is_binary(payloads.type):
+        return None
+    if not len(payloads):
+        return pa.array([], pa.binary()), np.zeros(0, bool), np.zeros(0, np.int64)
+    starts = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[
+        payloads.offset : payloads.offset + len(payloads) + 1
+    ]
+    split = native(starts, _bytes(payloads.buffers()[2]), FAST_TAG, flagged)
+    if split is None:
+        return None
+    offsets, data, flags, counts = split
+    records = pa.Array.from_buffers(
+        pa.binary(), len(offsets) // 4 - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    return records, np.frombuffer(flags, np.uint8).astype(bool), np.frombuffer(counts, np.int64)
+
+
+def join_lists(
+    payloads: pa.Array, counts: np.ndarray, flags: np.ndarray | None = None
+) -> pa.Array | None:
+    """The inverse of :func:`split_lists`: the records of ``payloads`` (each the fast
+    form) laid end to end in lists of ``counts[i]`` — with ``flags``, of ``[record,
+    flag]`` pairs — as the codec's bytes of each list, without a Python object per
+    record. None without the extension, or when a payload is not the fast form."""
+    try:
+        from microbatch_native import join_lists as native
+    except ImportError:
+        return None
+    if payloads.null_count or not pa.types.is_binary(payloads.type):
+        return None
+    starts = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[
+        payloads.offset : payloads.offset + len(payloads) + 1
+    ] if len(payloads) else np.zeros(1, np.int32)  # fmt: skip
+    data = _bytes(payloads.buffers()[2]) if len(payloads) else np.zeros(0, np.uint8)
+    marks = None if flags is None else np.ascontiguousarray(flags, dtype=np.uint8)
+    joined = native(starts, data, FAST_TAG, np.ascontiguousarray(counts, np.int64), marks)
+    if joined is None:
+        return None
+    offsets, lists = joined
+    return pa.Array.from_buffers(
+        pa.binary(), len(counts), [None, pa.py_buffer(offsets), pa.py_buffer(lists)]
+    )
+
+
 def _native_decoder() -> Any:
     """``microbatch_native.decode_rows``, or None without the extension."""
     try:

@@ -289,9 +289,11 @@ class KeyedMaps:
         backend, name = self._backend, self._spec.name
         expires = backend.expiry_for(self._spec)
         written = [(self._groups[k], self._bytes[k]) for k in keys]
+        tables: dict[int, dict[bytes, Any]] = {}
         for (kg, kb), field, data in zip(written, fields, datas, strict=True):
-            table = backend.table(kg, name, create=True)
-            assert table is not None  # created
+            table = tables.get(kg)
+            if table is None:
+                table = tables[kg] = backend.table(kg, name, create=True)  # type: ignore[assignment]
             table.setdefault(kb, {})[encode_canonical(field)] = (data, expires)
         backend.touch_many(written, expires)
 
@@ -333,6 +335,12 @@ class BatchState:
         backend, groups, key_bytes = self._backend, self._groups, self._bytes
         for k, timestamp in zip(keys, timestamps, strict=True):
             backend.register_timer(groups[k], key_bytes[k], int(timestamp))
+
+    def delete_timers(self, keys: Sequence[int], timestamps: Sequence[int]) -> None:
+        """``delete_timer(timestamps[i])`` for key ``keys[i]`` (none there: nothing)."""
+        backend, groups, key_bytes = self._backend, self._groups, self._bytes
+        for k, timestamp in zip(keys, timestamps, strict=True):
+            backend.delete_timer(groups[k], key_bytes[k], int(timestamp))
 
 
 class KeyContext:
