@@ -2,7 +2,9 @@
 a window join: out of order, over several batches, through a crash and rescales 2→3→1,
 their output equals Spark's join of the same rows (inner and full outer; the same 20 s
 window), pair for pair — windows that close in their records' own batch and windows that
-wait in state across batches alike. A table join
+wait in state across batches alike; a temporal (as-of) join, which Spark has not, equals
+a plain-Python as-of lookup. Each with ``select=fields(...)`` too, whose every key the
+executors join on Arrow columns. A table join
 of a changelog topic with real tombstones (null values), read by each reader, equals a
 plain-Python KTable; so does one of declared schemas with ``select=fields(...)``, which
 Spark's executors join on Arrow columns."""
@@ -18,7 +20,7 @@ import pytest
 
 from microbatch.checkpoint import Layout, latest_manifest
 from microbatch.dataflow import Dataflow
-from microbatch.joins import IntervalJoin, TableJoin, WindowJoin, fields
+from microbatch.joins import IntervalJoin, TableJoin, TemporalJoin, WindowJoin, fields
 from microbatch.runtime import (
     BatchOptions,
     BatchRunner,
@@ -90,7 +92,7 @@ def spark_pairs(
     return pairs([r.asDict() for r in joined.collect()])
 
 
-def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
+def test_joins_equal_sparks_or_the_as_of_reference_through_a_crash_and_rescales(
     spark, kafka_settings, bootstrap, admin, tmp_path
 ) -> None:
     orders, payments = events()
@@ -128,17 +130,30 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
     o.join(p, full_named, uid="join-full-columns").to(
         ParquetSink("full_columns", f"{tmp_path}/full_columns")
     )
+    # Each order with the card's latest payment at its time (as of), by dicts and on columns.
+    for name, select in (("asof", lambda a, b: named(a, b)), ("asof_columns", named)):
+        as_of = TemporalJoin("ts", "ts", "1m", how="left", select=select)
+        o.join(p, as_of, uid=f"join-{name}").to(ParquetSink(name, f"{tmp_path}/{name}"))
     pipeline = flow.build()
 
     runner = BatchRunner(spark, pipeline, kafka_settings)
+    counters: Counter[str] = Counter()
     runner.run(BatchOptions(run_id="r0"))
+    counters += counters_of(pipeline, kafka_settings)
     with pytest.raises(Exception, match="injected crash"):
         runner.run(BatchOptions(run_id="r1", crash_at="after_state_files"))
     runner.run(BatchOptions(run_id="r1", parallelism=3))
+    counters += counters_of(pipeline, kafka_settings)
     for i in (2, 3):  # the rest, then one more: the flush moved the watermark past all
         runner.run(BatchOptions(run_id=f"r{i}", parallelism=1))
+        counters += counters_of(pipeline, kafka_settings)
+    for step in ("join-columns", "join-full-columns", "join-window-columns", "join-asof_columns"):
+        assert counters[f"{step}.keys_as_columns"] == counters[f"{step}.keys"] > 0, counters
+    assert not any(k.endswith("keys_as_columns") for k in counters if k.startswith(
+        ("join-inner.", "join-full.", "join-window.", "join-asof.")))  # fmt: skip
 
-    sinks = ("inner", "full", "window", "columns", "window_columns", "full_columns")
+    sinks = ("inner", "full", "window", "columns", "window_columns", "full_columns", "asof",
+             "asof_columns")  # fmt: skip
     got = {name: read_parquet_sink(str(tmp_path / name)).to_pylist() for name in sinks}
     inner = spark_pairs(spark, orders, payments, "inner")
     assert sum(inner.values()) > 50, "the data should join often"
@@ -153,9 +168,34 @@ def test_interval_and_window_joins_equal_sparks_through_a_crash_and_rescales(
                            (r["oid"], r["pid"]))  # fmt: skip
     assert full_columns == pairs(got["full"])
     assert any(oid is None for oid, _ in full_columns) and any(p is None for _, p in full_columns)
+    as_of = as_of_reference(orders, payments)
+    assert sum(1 for _, pid in as_of if pid is None) >= 3, "some orders have no payment yet"
+    assert pairs(got["asof"]) == as_of
+    assert pairs(got["asof_columns"]) == as_of
     assert read_parquet_sink(str(tmp_path / "dead")).num_rows == 0
     row = next(r for r in got["inner"] if r["card"] != "flush")
     assert set(row) >= {"oid", "pid", "card", "ts", "ts_right"}
+
+
+def counters_of(pipeline, settings) -> Counter[str]:
+    """The instance counters of the pipeline's last committed batch, summed."""
+    manifest = latest_manifest(open_store(pipeline.checkpoints, settings), Layout())
+    stats = BatchRecord.of(manifest).stats
+    counters: Counter[str] = Counter()
+    for instance in stats.instances if stats else ():
+        counters.update(instance.counters)
+    return counters
+
+
+def as_of_reference(orders, payments) -> Counter[tuple[Any, Any]]:
+    """Each order with the payment of its card latest at or before its time (None: none
+    yet), whatever the batches."""
+    out: Counter[tuple[Any, Any]] = Counter()
+    for o in orders:
+        before = [(p["ts"], p["pid"]) for p in payments if p["card"] == o["card"] and
+                  p["ts"] <= o["ts"]]  # fmt: skip
+        out[o["oid"], max(before)[1] if before else None] += 1
+    return out
 
 
 def changelog_batches() -> list[tuple[list[tuple[str, dict[str, Any] | None]], list[dict]]]:

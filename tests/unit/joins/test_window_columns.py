@@ -26,6 +26,7 @@ from microbatch.runtime.records import BatchRecord
 from microbatch.settings import Settings
 from microbatch.sinks import read_parquet_sink
 from microbatch.storage import open_store
+from microbatch.testing import ProcessHarness, sided
 from tests.unit.dataflow.test_joins_at_once import (
     BATCHES,
     SEC,
@@ -33,6 +34,7 @@ from tests.unit.dataflow.test_joins_at_once import (
     produce,
     two_topics,
 )
+from tests.unit.joins.streams import arrival_order, events, lagging_watermarks, split
 from tests.unit.runtime.test_protocol import Log
 from tests.unit.runtime.test_window_pre_aggregation import PerPartition, dead_letters
 
@@ -129,3 +131,83 @@ def test_a_window_join_on_columns_gives_what_the_join_of_dicts_gives(
         assert columns == 0, got_counts
     row = json.loads(got_out[-1][0])
     assert set(row) == {"id", "name", "sold", "window_start", "window_end"}
+
+
+def rows_by_key(emitted: tuple) -> dict[str, list[str]]:
+    """Output per key, in the order it came."""
+    out: dict[str, list[str]] = {}
+    for row in emitted:
+        out.setdefault(row["k"], []).append(json.dumps(row, sort_keys=True))
+    return dict(sorted(out.items()))
+
+
+@pytest.mark.parametrize(
+    ("seed", "window"),
+    [(1, windows.tumbling(100).spec), (2, windows.tumbling(1_000).spec),
+     (3, windows.hopping(300, every=100).spec), (4, windows.hopping(250, every=100).spec)],
+)  # fmt: skip
+def test_keys_on_columns_leave_the_state_and_output_process_leaves(seed: int, window: Any) -> None:
+    """Out of order, late records, windows open across batches and held in state,
+    rescales: after every batch each key's output (in order), the dead letters and each
+    key's state and timers are those of the same join of dicts."""
+    arrived = arrival_order(events(seed, 80, keys="abcdefgh"), seed, disorder=100, late_share=0.2)
+    batches = split(arrived, seed, 10)
+    watermarks = lagging_watermarks(batches, lateness=50)
+    pick = fields(left={"l": "id", "k": "k"}, right={"r": "id"})
+    on_columns, by_dicts = (
+        ProcessHarness(WindowJoin("ts", "ts", window, select=select), 16)
+        for select in (pick, lambda a, b: pick(a, b))
+    )
+    taken = late = fired = fired_by_dicts = 0
+    for j, (batch, watermark) in enumerate([*zip(batches, watermarks, strict=True),
+                                           ([], 10**6)]):  # fmt: skip
+        records = sided(
+            [(e.key, e.record) for e in batch if e.side == 0],
+            [(e.key, e.record) for e in batch if e.side == 1],
+        )
+        got, want = (h.batch(records, watermark=watermark) for h in (on_columns, by_dicts))
+        for harness in (on_columns, by_dicts):
+            harness.rescale((2, 3, 1)[j % 3])
+        assert rows_by_key(got.emitted) == rows_by_key(want.emitted), f"batch {j}"
+        assert got.dead_letters == want.dead_letters, f"batch {j}"
+        for key in "abcdefgh":
+            assert on_columns.state(key) == by_dicts.state(key), f"batch {j}, key {key}"
+        taken += got.keys_as_columns
+        late += sum(d.reason == "late_join" for d in want.dead_letters)
+        fired, fired_by_dicts = fired + got.timers_fired, fired_by_dicts + want.timers_fired
+    assert late, "the data should have late records"
+    assert taken > 20
+    assert on_columns.keys_with_state() == []
+    assert fired < fired_by_dicts  # a window it closes takes its timer along
+
+
+def test_a_window_closes_at_the_watermark_of_its_end_and_is_late_after_it() -> None:
+    pick = fields(left={"l": "id", "k": "k"}, right={"r": "id"})
+    on_columns, by_dicts = (
+        ProcessHarness(WindowJoin("ts", "ts", 100, select=select), 16)
+        for select in (pick, lambda a, b: pick(a, b))
+    )
+
+    def record(i: str, t: int) -> tuple[str, dict]:
+        return ("a", {"id": i, "k": "a", "ts": t})
+
+    def state(left: dict, right: dict, timers: list) -> dict:
+        held = {"left": left, "right": right, "timers": timers}
+        return {k: v for k, v in held.items() if v}
+
+    times = (("L1", 10), ("L2", 50), ("R1", 150), ("R2", 20), ("R3", 120))
+    l1, l2, r1, r2, r3 = (record(i, t)[1] for i, t in times)
+    batches = [  # (left, right, watermark, pairs, dead letters, on columns, state after)
+        ([l1], [r1], 99, [], [], 1, state({0: [l1]}, {100: [r1]}, [100, 200])),  # stays open
+        ([], [r2], 100, [("L1", "R2")], [], 1, state({}, {100: [r1]}, [200])),  # closes at 100
+        ([l2], [r3], 150, [], ["L2"], 0, state({}, {100: [r1, r3]}, [200])),  # [0, 100) closed
+    ]
+    for lefts, rights, watermark, pairs, dead, columns, after in batches:
+        records = sided([("a", r) for r in lefts], [("a", r) for r in rights])
+        got, want = (h.batch(records, watermark=watermark) for h in (on_columns, by_dicts))
+        assert got.emitted == want.emitted
+        assert [(r["l"], r["r"]) for r in got.emitted] == pairs
+        assert got.dead_letters == want.dead_letters
+        assert [d.record["id"] for d in got.dead_letters] == dead
+        assert on_columns.state("a") == by_dicts.state("a") == after
+        assert got.keys_as_columns == columns  # a key with a late record goes to process

@@ -24,7 +24,10 @@ is a dict, ``window_start`` and ``window_end`` (epoch ms) are set on a copy of i
 takes the keys whose every window closes in the batch, with no timer (nothing waiting in
 state) and no record late or with a time that is not plain epoch ms: numpy places their
 records in windows, and only the windows with both sides are read and paired, in the
-order ``process`` gives. The other keys get ``process``.
+order ``process`` gives. The other keys get ``process``. On columns (``select=fields(...)``,
+both times read from fields, each side's records alike) it takes every key with no
+record late for all its windows or of a time that is not plain epoch ms, windows held in
+state and windows that stay open included (:mod:`~microbatch.joins.window_columns`).
 
 **Late records.** A record is assigned only to its windows that were still open when its
 batch started (``end > watermark``); a record whose every window had closed is a dead
@@ -37,23 +40,20 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from microbatch.errors import ConfigError
 from microbatch.joins.base import (
     LATE,
     SIDES,
     JoinFunction,
-    each_of_runs,
-    rows_in_side,
-    side_tables,
 )
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.select import Fields, Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
+from microbatch.joins.window_columns import join_on_columns
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 from microbatch.windows.api import WindowBuilder
 from microbatch.windows.spec import Duration, Hopping, Tumbling
@@ -143,16 +143,15 @@ class WindowJoin(JoinFunction):
         closes_by, before, sides = batch.watermark, batch.watermark_before, batch.sides
         if closes_by is None or sides is None or not len(batch.records) or sides.max() > 1:
             return None  # (a record of a third input: process() refuses it)
+        on_columns = join_on_columns(self, batch)
+        if on_columns is not None:
+            return on_columns
         records, size = batch.records, self.window.size_ms
         key_of = batch.key_of()
-        columns = self._columns(batch)
         times = np.empty(len(records), dtype=np.int64)
         for side, time_of in enumerate((self.left_time, self.right_time)):
             at = np.nonzero(sides == side)[0]
-            if columns is not None:
-                times[at] = columns[2][side]
-            else:
-                times[at] = time_of.plain([records[i] for i in at.tolist()])
+            times[at] = time_of.plain([records[i] for i in at.tolist()])
         unreadable = times == UNREADABLE
         rec, start = self._windows_of(np.where(unreadable, 0, times))
         end = start + size
@@ -166,9 +165,6 @@ class WindowJoin(JoinFunction):
         key, side = key_of[rec], sides[rec]
         order = np.lexsort((rec, times[rec], side, start, key))
         rec, start, key, side = rec[order], start[order], key[order], side[order]
-        if columns is not None:
-            table, keys = self._pair_columns(columns[0], columns[1], sides, rec, start, key, side)
-            return Handled(~skip, {}, table, keys)
         emitted, failed = self._pairs(records, rec, start, key, side)
         handled = ~skip
         handled[list(failed)] = False
@@ -181,50 +177,6 @@ class WindowJoin(JoinFunction):
         return isinstance(self.select, Fields) and all(
             isinstance(t.spec, str) for t in (self.left_time, self.right_time)
         )
-
-    def _columns(
-        self, batch: KeyedBatch
-    ) -> tuple[pa.Table, pa.Table, tuple[np.ndarray, np.ndarray]] | None:
-        """Both sides' columns and their times, where the batch can be joined on them:
-        ``select``'s fields there and each time an integer column."""
-        if batch.columns is None or not self.reads_columns:
-            return None
-        spec = cast("tuple[str, str]", (self.left_time.spec, self.right_time.spec))
-        tables = side_tables(batch, cast("Fields", self.select), spec)
-        if tables is None:
-            return None
-        left, right = tables
-        times = self.left_time.plain_column(left), self.right_time.plain_column(right)
-        if times[0] is None or times[1] is None:
-            return None
-        return left, right, (times[0], times[1])
-
-    def _pair_columns(
-        self, left: pa.Table, right: pa.Table, sides: np.ndarray, rec: np.ndarray,
-        start: np.ndarray, key: np.ndarray, side: np.ndarray,
-    ) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
-        """:meth:`_pairs` on columns: every pair of each (key, window) group with both
-        sides, in the same order, taken from the sides' columns at once; and each output
-        row's key."""
-        select, size = cast("Fields", self.select), self.window.size_ms
-        new = np.ones(len(rec), dtype=bool)
-        new[1:] = (key[1:] != key[:-1]) | (start[1:] != start[:-1])
-        first = np.flatnonzero(new)
-        last = np.append(first[1:], len(rec))
-        lefts = np.add.reduceat((side == 0).astype(np.int64), first) if len(rec) else first
-        both = np.flatnonzero((lefts > 0) & (lefts < last - first))
-        a, m, b = first[both], first[both] + lefts[both], last[both]
-        across = b - m  # each left record pairs with every right record of its group
-        count = (m - a) * across
-        group, j = each_of_runs(count)
-        row_of = rows_in_side(sides)
-        lrows = pa.array(row_of[rec[a[group] + j // across[group]]])
-        rrows = pa.array(row_of[rec[m[group] + j % across[group]]])
-        out: dict[str, Any] = {name: left.column(f).take(lrows) for name, f in select.left}
-        out |= {name: right.column(f).take(rrows) for name, f in select.right}
-        starts = start[a][group]
-        out["window_start"], out["window_end"] = pa.array(starts), pa.array(starts + size)
-        return pa.table(out), key[a][group]
 
     def _windows_of(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(record, window start) of every window of each record, ascending per record
