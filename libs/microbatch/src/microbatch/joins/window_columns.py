@@ -14,6 +14,7 @@ a timer at its end; a closed one is dropped, with its timer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -27,10 +28,6 @@ from microbatch.runtime.process import Handled, KeyedBatch
 
 if TYPE_CHECKING:
     from microbatch.joins.window import WindowJoin
-
-#: One side's entries: held and new (a :class:`Side` of window starts), their order in
-#: their windows, and each new entry's record (its row in the side's table).
-Entries = tuple[Side, np.ndarray, np.ndarray]
 
 
 def side_columns_of(
@@ -81,37 +78,76 @@ def join_on_columns(join: WindowJoin, batch: KeyedBatch) -> Handled | None:
     if held[LEFT] is None or held[RIGHT] is None:
         return None
     taken = ~skip
-    entries: list[Entries] = []
+    entries = []
     for side in (LEFT, RIGHT):
         rec, start = placed[side]
         mine = taken[keys_of[side][rec]]
-        rec, start = rec[mine], start[mine]
-        h = cast("Side", held[side])
-        s = Side.of(h, taken, tables[side].take(rec), keys_of[side][rec], start)
-        # In a window: held ones in their list's order, then the batch's by time, position.
-        first = np.concatenate([h.slots[taken[h.keys]], times[side][rec]])
-        then = np.concatenate([np.zeros(s.held, np.int64), rec])
-        new = (np.arange(len(s.keys)) >= s.held).astype(np.int64)
-        order = np.lexsort((then, first, new, s.times, s.keys))
-        entries.append((s, order, rec))
+        entries.append(_Entries.of(cast("Side", held[side]), rec[mine], start[mine],
+                                   keys_of[side], times[side]))  # fmt: skip
     windows = _Windows(entries, size, closes_by)
-    out, pairs = _pairs(entries, windows)
-    left, right = entries[LEFT][0], entries[RIGHT][0]
+    out, (lefts, rights) = _pairs(entries, windows)
     select = cast("Fields", join.select)
-    columns = {name: left.rows.column(f).take(pairs[0]) for name, f in select.left}
-    columns |= {name: right.rows.column(f).take(pairs[1]) for name, f in select.right}
+    columns: dict[str, pa.ChunkedArray] = {}
+    sides_out = (
+        (select.left, entries[LEFT], lefts, tables[LEFT]),
+        (select.right, entries[RIGHT], rights, tables[RIGHT]),
+    )
+    for picked, e, at, table in sides_out:
+        fields = list(dict.fromkeys(f for _, f in picked))
+        rows = pa.concat_tables(
+            [e.held.rows.select(fields), table.select(fields)], promote_options="default"
+        )
+        index = pa.array(e.rows(at))
+        columns |= {name: rows.column(f).take(index) for name, f in picked}
     columns["window_start"] = pa.array(windows.starts[out])
     columns["window_end"] = pa.array(windows.starts[out] + size)
     _write(batch, entries, windows, size)
     return Handled(taken, {}, pa.table(columns), windows.keys[out])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Entries:
+    """One side's entries in windows: first the records the batch's keys hold in state
+    (``held``), then the batch's, each placed in a window (``rec``: its row in the side's
+    table); each entry's key and window ``starts``; ``order``, the entries in their
+    windows' order — held ones in their list's order, then the batch's by time and
+    position, as ``process`` keeps them."""
+
+    held: Side
+    rec: np.ndarray
+    keys: np.ndarray
+    starts: np.ndarray
+    order: np.ndarray
+
+    @classmethod
+    def of(
+        cls, held: Side, rec: np.ndarray, starts: np.ndarray, keys_of: np.ndarray,
+        times: np.ndarray,
+    ) -> _Entries:  # fmt: skip
+        keys = np.concatenate([held.keys, keys_of[rec]])
+        starts = np.concatenate([held.times, starts])
+        first = np.concatenate([held.slots, times[rec]])
+        then = np.concatenate([np.zeros(held.held, np.int64), rec])
+        new = (np.arange(len(keys)) >= held.held).astype(np.int64)
+        return cls(held, rec, keys, starts, np.lexsort((then, first, new, starts, keys)))
+
+    def is_new(self, at: np.ndarray) -> np.ndarray:
+        return at >= self.held.held
+
+    def rows(self, at: np.ndarray) -> np.ndarray:
+        """Each entry's row in the held rows followed by the side's table."""
+        rows = at.copy()
+        new = self.is_new(at)
+        rows[new] = self.held.held + self.rec[at[new] - self.held.held]
+        return rows
+
+
 class _Windows:
     """Every (key, window start) with an entry, by key and start, and where each side's
     entries of it are in that side's order: ``at[side][w]`` to ``end[side][w]``."""
 
-    def __init__(self, entries: list[Entries], size: int, closes_by: int) -> None:
-        both = [(s.keys[order], s.times[order]) for s, order, _ in entries]
+    def __init__(self, entries: list[_Entries], size: int, closes_by: int) -> None:
+        both = [(e.keys[e.order], e.starts[e.order]) for e in entries]
         keys = np.concatenate([k for k, _ in both])
         starts = np.concatenate([t for _, t in both])
         ranks = np.unique(starts)
@@ -121,11 +157,11 @@ class _Windows:
         self.at: list[np.ndarray] = []
         self.end: list[np.ndarray] = []
         self.new: list[np.ndarray] = []  # per window, how many of the side's are the batch's
-        for (k, t), (s, order, _) in zip(both, entries, strict=True):
+        for (k, t), e in zip(both, entries, strict=True):
             side_ids = k * max(len(ranks), 1) + np.searchsorted(ranks, t)
             self.at.append(np.searchsorted(side_ids, unique, side="left"))
             self.end.append(np.searchsorted(side_ids, unique, side="right"))
-            is_new = (order >= s.held).astype(np.int64)
+            is_new = e.is_new(e.order).astype(np.int64)
             cum = np.r_[0, np.cumsum(is_new)]
             self.new.append(cum[self.end[-1]] - cum[self.at[-1]])
         self.count = [e - a for a, e in zip(self.at, self.end, strict=True)]
@@ -135,7 +171,9 @@ class _Windows:
         self.any_held = (held[LEFT] + held[RIGHT]) > 0
 
 
-def _pairs(entries: list[Entries], w: _Windows) -> tuple[np.ndarray, tuple[pa.Array, pa.Array]]:
+def _pairs(
+    entries: list[_Entries], w: _Windows
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """The output rows' windows and their (left, right) entries, in the order ``process``
     and the timers emit them: per key, windows with records of the batch first (by
     start), then those that only held records; in a window, left by left, each with
@@ -143,14 +181,14 @@ def _pairs(entries: list[Entries], w: _Windows) -> tuple[np.ndarray, tuple[pa.Ar
     counts = np.where(w.closes, w.count[LEFT] * w.count[RIGHT], 0)
     window, j = each_of_runs(counts)
     across = w.count[RIGHT][window]
-    lefts = entries[LEFT][1][w.at[LEFT][window] + j // np.maximum(across, 1)]
-    rights = entries[RIGHT][1][w.at[RIGHT][window] + j % np.maximum(across, 1)]
+    lefts = entries[LEFT].order[w.at[LEFT][window] + j // np.maximum(across, 1)]
+    rights = entries[RIGHT].order[w.at[RIGHT][window] + j % np.maximum(across, 1)]
     later = (~w.any_new[window]).astype(np.int64)  # emitted by a timer, after process
     order = np.lexsort((j, w.starts[window], later, w.keys[window]))
-    return window[order], (pa.array(lefts[order]), pa.array(rights[order]))
+    return window[order], (lefts[order], rights[order])
 
 
-def _write(batch: KeyedBatch, entries: list[Entries], w: _Windows, size: int) -> None:
+def _write(batch: KeyedBatch, entries: list[_Entries], w: _Windows, size: int) -> None:
     """The state and timers ``process`` and the timers leave: a closed window with held
     records dropped, its timer too; an open one with records of the batch gets them
     after its held ones, per side, and a timer at its end."""
@@ -160,13 +198,13 @@ def _write(batch: KeyedBatch, entries: list[Entries], w: _Windows, size: int) ->
         batch.map(SIDES[side]).remove_many(w.keys[gone].tolist(), w.starts[gone].tolist())
     batch.delete_timers(w.keys[gone].tolist(), (w.starts[gone] + size).tolist())
     stays = ~w.closes & w.any_new
-    for side, (s, order, rec) in enumerate(entries):
+    for side, e in enumerate(entries):
         grown = np.flatnonzero(stays & (w.new[side] > 0))
         if not len(grown):
             continue
-        at = np.concatenate([order[w.at[side][g] : w.end[side][g]] for g in grown])
-        batch_payloads = batch.columns.payloads(side).take(rec)
-        lists = lists_of(s.payloads(batch_payloads, at), w.count[side][grown])
+        at = np.concatenate([e.order[w.at[side][g] : w.end[side][g]] for g in grown])
+        every = pa.concat_arrays([e.held.payloads_held, batch.columns.payloads(side)])
+        lists = lists_of(every.take(pa.array(e.rows(at))), w.count[side][grown])
         batch.map(SIDES[side]).put_many_encoded(
             w.keys[grown].tolist(), w.starts[grown].tolist(), lists
         )
