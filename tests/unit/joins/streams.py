@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import json
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -122,3 +123,59 @@ def dead(results: list[BatchResult]) -> list[collections.Counter]:
     return [
         collections.Counter((d.reason, d.record["id"]) for d in r.dead_letters) for r in results
     ]
+
+
+@dataclasses.dataclass
+class AgainstDicts:
+    """What :func:`on_columns_against_dicts` saw over all batches."""
+
+    keys_as_columns: int = 0
+    late: int = 0
+    timers_fired: int = 0
+    timers_fired_by_dicts: int = 0
+
+
+def on_columns_against_dicts(
+    make: Callable[[Any], KeyedProcessFunction], pick: Any, seed: int, drains: bool = True
+) -> AgainstDicts:
+    """The join ``make(select)`` with ``select=pick`` (``fields(...)``: on columns) and
+    with the same select as a function (record by record), each in a harness, over the
+    same out-of-order batches with late records and rescales 2→3→1, then a flush. After
+    every batch, each key's output (a row's ``k``, else ``rk``; in order), the dead
+    letters and each key's state and timers must be equal; with ``drains``, the flush
+    leaves no state."""
+    arrived = arrival_order(events(seed, 80, keys="abcdefgh"), seed, disorder=100, late_share=0.2)
+    batches = split(arrived, seed, 10)
+    watermarks = lagging_watermarks(batches, lateness=50)
+    on_columns, by_dicts = (
+        ProcessHarness(make(select), 16) for select in (pick, lambda a, b: pick(a, b))
+    )
+    seen = AgainstDicts()
+    for j, (batch, watermark) in enumerate([*zip(batches, watermarks, strict=True),
+                                           ([], FLUSH)]):  # fmt: skip
+        records = sided(
+            [(e.key, e.record) for e in batch if e.side == 0],
+            [(e.key, e.record) for e in batch if e.side == 1],
+        )
+        got, want = (h.batch(records, watermark=watermark) for h in (on_columns, by_dicts))
+        for harness in (on_columns, by_dicts):
+            harness.rescale((2, 3, 1)[j % 3])
+        assert _by_key(got.emitted) == _by_key(want.emitted), f"batch {j}"
+        assert got.dead_letters == want.dead_letters, f"batch {j}"
+        for key in "abcdefgh":
+            assert on_columns.state(key) == by_dicts.state(key), f"batch {j}, key {key}"
+        seen.keys_as_columns += got.keys_as_columns
+        seen.late += sum(d.reason == "late_join" for d in want.dead_letters)
+        seen.timers_fired += got.timers_fired
+        seen.timers_fired_by_dicts += want.timers_fired
+    assert seen.late, "the data should have late records"
+    assert on_columns.keys_with_state() == [] or not drains
+    return seen
+
+
+def _by_key(emitted: tuple[Any, ...]) -> dict[str, list[str]]:
+    """Output per key (a row's ``k``, or ``rk`` for a right record alone), in order."""
+    out: dict[str, list[str]] = {}
+    for row in emitted:
+        out.setdefault(row["k"] or row.get("rk"), []).append(json.dumps(row, sort_keys=True))
+    return dict(sorted(out.items()))

@@ -15,7 +15,7 @@ batch's timers fire at.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -139,3 +139,25 @@ def side_tables(
             return None
         tables.append(table)
     return tables[0], tables[1]
+
+
+def reads_timed_columns(join: JoinFunction, select: object, *times: EventTimeOf) -> bool:
+    """Can ``join`` take a batch on columns? With ``fields(...)`` for ``select`` and
+    each side's time read from a field."""
+    return isinstance(select, Fields) and all(isinstance(t.spec, str) for t in times)
+
+
+def timed_side_tables(
+    batch: KeyedBatch, select: Fields, left_time: EventTimeOf, right_time: EventTimeOf
+) -> tuple[pa.Table, pa.Table, np.ndarray, np.ndarray] | None:
+    """:func:`side_tables` with each side's times (:meth:`EventTimeOf.plain_column`);
+    None where a side has no table or its time is no integer column."""
+    spec = (cast(str, left_time.spec), cast(str, right_time.spec))
+    tables = side_tables(batch, select, spec)
+    if tables is None:
+        return None
+    left, right = tables
+    lt, rt = left_time.plain_column(left), right_time.plain_column(right)
+    if lt is None or rt is None:
+        return None
+    return left, right, lt, rt

@@ -50,10 +50,11 @@ from microbatch.joins.base import (
     SIDES,
     JoinFunction,
     check_how,
+    reads_timed_columns,
 )
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.interval_columns import join_on_columns
-from microbatch.joins.select import Fields, Select, check_select
+from microbatch.joins.select import Select, check_select
 from microbatch.joins.times import EventTimeOf, TimeSpec, signed_duration_ms
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
 from microbatch.state.handles import MapState
@@ -152,9 +153,7 @@ class IntervalJoin(JoinFunction):
     def reads_columns(self) -> bool:
         """Can a batch's keys be joined at once on columns (``batch.columns``)? With
         ``fields(...)`` for ``select`` and both times read from a field."""
-        return isinstance(self.select, Fields) and all(
-            isinstance(t.spec, str) for t in (self.left_time, self.right_time)
-        )
+        return reads_timed_columns(self, self.select, self.left_time, self.right_time)
 
     def process_batch(self, batch: KeyedBatch) -> Handled | None:
         """Every key with no record late or unreadable, joined at once on columns (see

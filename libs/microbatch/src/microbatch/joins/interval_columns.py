@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pyarrow as pa
 
-from microbatch.joins.base import LEFT, RIGHT, SIDES, each_of_runs, side_tables
+from microbatch.joins.base import LEFT, RIGHT, SIDES, each_of_runs, timed_side_tables
 from microbatch.joins.held import FLAGGED, Side, lists_of, read_held
 from microbatch.joins.select import Fields
 from microbatch.joins.times import UNREADABLE
@@ -42,14 +42,10 @@ def join_on_columns(join: IntervalJoin, batch: KeyedBatch) -> Handled | None:
     if sides.max() > 1:
         return None  # (a record of a third input: process() refuses it)
     select = cast("Fields", join.select)
-    spec = cast("tuple[str, str]", (join.left_time.spec, join.right_time.spec))
-    tables = side_tables(batch, select, spec)
-    if tables is None:
+    found = timed_side_tables(batch, select, join.left_time, join.right_time)
+    if found is None:
         return None
-    lt, rt = join.left_time.plain_column(tables[LEFT]), join.right_time.plain_column(tables[RIGHT])
-    if lt is None or rt is None:
-        return None
-    times = (lt, rt)
+    tables, times = found[:2], found[2:]
     key_of = batch.key_of()
     keys_of = (key_of[sides == LEFT], key_of[sides == RIGHT])
     skip = np.zeros(batch.key_count, dtype=bool)
@@ -66,8 +62,8 @@ def join_on_columns(join: IntervalJoin, batch: KeyedBatch) -> Handled | None:
         return None
     taken = ~skip
     both = (
-        Side.of(held_left, taken, tables[LEFT], keys_of[LEFT], lt),
-        Side.of(held_right, taken, tables[RIGHT], keys_of[RIGHT], rt),
+        Side.of(held_left, taken, tables[LEFT], keys_of[LEFT], times[LEFT]),
+        Side.of(held_right, taken, tables[RIGHT], keys_of[RIGHT], times[RIGHT]),
     )
     pairs = _pairs(join, *both)
     if pairs is None:

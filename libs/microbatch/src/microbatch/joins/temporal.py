@@ -53,7 +53,15 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import LATE, LEFT, RIGHT, JoinFunction, check_how, side_tables
+from microbatch.joins.base import (
+    LATE,
+    LEFT,
+    RIGHT,
+    JoinFunction,
+    check_how,
+    reads_timed_columns,
+    timed_side_tables,
+)
 from microbatch.joins.base import watermark_before as _watermark_before
 from microbatch.joins.held import LIST, ONE, Side, lists_of, read_held
 from microbatch.joins.select import Fields, Select, check_select
@@ -103,9 +111,7 @@ class TemporalJoin(JoinFunction):
     def reads_columns(self) -> bool:
         """Can a batch's keys be joined at once on columns (``batch.columns``)? With
         ``fields(...)`` for ``select`` and both times read from a field."""
-        return isinstance(self.select, Fields) and all(
-            isinstance(t.spec, str) for t in (self.left_time, self.right_time)
-        )
+        return reads_timed_columns(self, self.select, self.left_time, self.right_time)
 
     def process_batch(self, batch: KeyedBatch) -> Handled | None:
         """The keys with nothing late or unreadable, joined at once on columns (see the
@@ -116,14 +122,10 @@ class TemporalJoin(JoinFunction):
         if not len(batch.records) or sides.max() > 1:
             return None  # (a record of a third input: process() refuses it)
         select = cast("Fields", self.select)
-        spec = cast("tuple[str, str]", (self.left_time.spec, self.right_time.spec))
-        tables = side_tables(batch, select, spec)
-        if tables is None:
+        found = timed_side_tables(batch, select, self.left_time, self.right_time)
+        if found is None:
             return None
-        left, right = tables
-        lt, rt = self.left_time.plain_column(left), self.right_time.plain_column(right)
-        if lt is None or rt is None:
-            return None
+        left, right, lt, rt = found
         key_of = batch.key_of()
         left_keys, right_keys = key_of[sides == LEFT], key_of[sides == RIGHT]
         before = batch.watermark_before
@@ -147,10 +149,10 @@ class TemporalJoin(JoinFunction):
         # order the timers emit them in. Those the watermark passes go out now.
         order = np.lexsort((np.arange(len(lefts.keys)), lefts.times, lefts.keys))
         due = order[lefts.times[order] < watermark]
-        found = _newest_at(_latest(versions), lefts.keys[due], lefts.times[due])
+        version = _newest_at(_latest(versions), lefts.keys[due], lefts.times[due])
         if self.how == "inner":
-            due, found = due[found >= 0], found[found >= 0]
-        at = pa.array(found, mask=found < 0)
+            due, version = due[version >= 0], version[version >= 0]
+        at = pa.array(version, mask=version < 0)
         columns = [lefts.rows.column(f).take(due) for _, f in select.left]
         columns += [versions.rows.column(f).take(at) for _, f in select.right]
         self._write(batch, versions, lefts, order, watermark)

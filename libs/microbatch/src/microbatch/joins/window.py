@@ -45,13 +45,9 @@ from typing import Any
 import numpy as np
 
 from microbatch.errors import ConfigError
-from microbatch.joins.base import (
-    LATE,
-    SIDES,
-    JoinFunction,
-)
+from microbatch.joins.base import LATE, SIDES, JoinFunction, reads_timed_columns
 from microbatch.joins.base import watermark_before as _watermark_before
-from microbatch.joins.select import Fields, Select, check_select
+from microbatch.joins.select import Select, check_select
 from microbatch.joins.times import UNREADABLE, EventTimeOf, TimeSpec
 from microbatch.joins.window_columns import join_on_columns
 from microbatch.runtime.process import Handled, KeyedBatch, ProcessContext
@@ -174,9 +170,7 @@ class WindowJoin(JoinFunction):
     def reads_columns(self) -> bool:
         """Can a batch be joined on columns (``batch.columns``)? With ``fields(...)``
         for ``select`` and both times read from a field."""
-        return isinstance(self.select, Fields) and all(
-            isinstance(t.spec, str) for t in (self.left_time, self.right_time)
-        )
+        return reads_timed_columns(self, self.select, self.left_time, self.right_time)
 
     def _windows_of(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(record, window start) of every window of each record, ascending per record

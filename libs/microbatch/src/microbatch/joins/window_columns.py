@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pyarrow as pa
 
-from microbatch.joins.base import LEFT, RIGHT, SIDES, each_of_runs, side_tables
+from microbatch.joins.base import LEFT, RIGHT, SIDES, each_of_runs, timed_side_tables
 from microbatch.joins.held import LIST, Side, lists_of, read_held
 from microbatch.joins.select import Fields
 from microbatch.joins.times import UNREADABLE
@@ -30,34 +30,18 @@ if TYPE_CHECKING:
     from microbatch.joins.window import WindowJoin
 
 
-def side_columns_of(
-    join: WindowJoin, batch: KeyedBatch
-) -> tuple[pa.Table, pa.Table, tuple[np.ndarray, np.ndarray]] | None:
-    """Both sides' columns and their times, where the batch can be joined on them:
-    ``select``'s fields there and each time an integer column."""
-    if batch.columns is None or not join.reads_columns:
-        return None
-    spec = cast("tuple[str, str]", (join.left_time.spec, join.right_time.spec))
-    tables = side_tables(batch, cast("Fields", join.select), spec)
-    if tables is None:
-        return None
-    left, right = tables
-    lt, rt = join.left_time.plain_column(left), join.right_time.plain_column(right)
-    if lt is None or rt is None:
-        return None
-    return left, right, (lt, rt)
-
-
 def join_on_columns(join: WindowJoin, batch: KeyedBatch) -> Handled | None:
     """Every key of ``batch`` with no record late for all its windows or of a time that
     is not plain epoch ms, joined on columns; None when the batch has no columns."""
     closes_by, before, sides = batch.watermark, batch.watermark_before, batch.sides
     if closes_by is None or sides is None or not len(sides) or sides.max() > 1:
         return None
-    found = side_columns_of(join, batch)
+    if batch.columns is None or not join.reads_columns:
+        return None
+    found = timed_side_tables(batch, cast("Fields", join.select), join.left_time, join.right_time)
     if found is None:
         return None
-    *tables, times = found
+    tables, times = found[:2], found[2:]
     size = join.window.size_ms
     key_of = batch.key_of()
     keys_of = (key_of[sides == LEFT], key_of[sides == RIGHT])

@@ -188,11 +188,9 @@ class MapState(_Handle):
             self._touch(None)
 
 
-class KeyedValues:
-    """One value state of many keys at once — a batch's keys, ``k`` their place in it
-    (key-group ``key_groups[k]``, bytes ``key_bytes[k]``): what a function's
-    ``process_batch`` reads and writes instead of a :class:`ValueState` per key, with the
-    same encoding, TTL and bookkeeping."""
+class _OfManyKeys:
+    """One state of a batch's keys, ``k`` their place in it (key-group
+    ``key_groups[k]``, bytes ``key_bytes[k]``)."""
 
     def __init__(
         self, backend: StateTables, spec: StateSpec, key_groups: Sequence[int],
@@ -200,6 +198,13 @@ class KeyedValues:
     ) -> None:  # fmt: skip
         self._backend, self._spec = backend, spec
         self._groups, self._bytes = key_groups, key_bytes
+
+
+class KeyedValues(_OfManyKeys):
+    """One value state of many keys at once — a batch's keys, ``k`` their place in it
+    (key-group ``key_groups[k]``, bytes ``key_bytes[k]``): what a function's
+    ``process_batch`` reads and writes instead of a :class:`ValueState` per key, with the
+    same encoding, TTL and bookkeeping."""
 
     def get(self, k: int, default: Any = None) -> Any:
         return self._one(k).get(default)
@@ -249,18 +254,11 @@ class KeyedValues:
         )
 
 
-class KeyedMaps:
+class KeyedMaps(_OfManyKeys):
     """One map state of many keys at once, by their place ``k`` in a batch: what a
     function's ``process_batch`` reads and writes instead of a :class:`MapState` per
     key, with the same encoding, TTL and bookkeeping. Entries come and go as the codec's
     bytes, for a function that reads them as columns."""
-
-    def __init__(
-        self, backend: StateTables, spec: StateSpec, key_groups: Sequence[int],
-        key_bytes: Sequence[bytes],
-    ) -> None:  # fmt: skip
-        self._backend, self._spec = backend, spec
-        self._groups, self._bytes = key_groups, key_bytes
 
     def entries_encoded(self, keys: Sequence[int]) -> list[list[tuple[bytes, bytes]]]:
         """Each of ``keys``' live entries as ``(field, value)`` codec bytes: the field in
