@@ -25,45 +25,74 @@ ONE, LIST, FLAGGED = "one", "list", "flagged"
 @dataclasses.dataclass(frozen=True)
 class Side:
     """One side's records of a batch's keys, by their place ``k`` in the batch: first the
-    ``held`` ones read from state, then the batch's (rows ``batch_rows`` of the side's
-    table); ``rows`` holds all of them as columns."""
+    ``held`` ones read from state (``held_rows``), then the batch's (rows ``batch_rows``
+    of the side's ``table``). Columns are taken from both only for the records asked
+    for (:meth:`column`)."""
 
     keys: np.ndarray
     times: np.ndarray
-    rows: pa.Table
+    held_rows: pa.Table
     held: int
     payloads_held: pa.Array
     #: Per held record: its ``matched`` flag (``FLAGGED``) and its place in its time's list.
     flags: np.ndarray
     slots: np.ndarray
+    table: pa.Table | None = None
     batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
 
     @classmethod
     def of(
-        cls, held: Side, taken: np.ndarray, table: pa.Table, keys: np.ndarray,
-        times: np.ndarray,
+        cls, held: Side, taken: np.ndarray, table: pa.Table, rows: np.ndarray,
+        keys: np.ndarray, times: np.ndarray,
     ) -> Side:  # fmt: skip
-        """``held``'s records of the ``taken`` keys, then those of the batch (``table``,
-        with each row's key and time)."""
-        kept, rows = taken[held.keys], np.flatnonzero(taken[keys])
+        """``held``'s records of the ``taken`` keys, then the batch's records at ``rows``
+        of ``table`` (``keys``, ``times``: each one's)."""
+        kept = taken[held.keys]
         return cls(
-            np.concatenate([held.keys[kept], keys[rows]]),
-            np.concatenate([held.times[kept], times[rows]]),
-            pa.concat_tables(
-                [held.rows.filter(pa.array(kept)), table.take(rows)], promote_options="default"
-            ),
+            np.concatenate([held.keys[kept], keys]),
+            np.concatenate([held.times[kept], times]),
+            held.held_rows.filter(pa.array(kept)),
             int(kept.sum()),
             held.payloads_held.filter(pa.array(kept)),
             held.flags[kept],
             held.slots[kept],
+            table,
             rows,
         )
 
+    @classmethod
+    def of_records(
+        cls, held: Side, taken: np.ndarray, table: pa.Table, keys: np.ndarray,
+        times: np.ndarray,
+    ) -> Side:  # fmt: skip
+        """:meth:`of` every record of ``table`` of a ``taken`` key (``keys``, ``times``:
+        each row's)."""
+        rows = np.flatnonzero(taken[keys])
+        return cls.of(held, taken, table, rows, keys[rows], times[rows])
+
+    def is_new(self, at: np.ndarray) -> np.ndarray:
+        """Is each record at ``at`` the batch's (not held)?"""
+        return at >= self.held
+
+    def rows_of(self, at: np.ndarray) -> np.ndarray:
+        """Each record's row in the held rows followed by the side's table (-1 stays)."""
+        rows = at.copy()
+        new = self.is_new(at)
+        rows[new] = self.held + self.batch_rows[at[new] - self.held]
+        return rows
+
+    def column(self, field: str, at: np.ndarray) -> pa.ChunkedArray:
+        """Field ``field`` of the records at ``at`` (-1: null)."""
+        parts = [self.held_rows.select([field])]
+        if self.table is not None:
+            parts.append(self.table.select([field]))
+        every = pa.concat_tables(parts, promote_options="default").column(field)
+        return every.take(pa.array(self.rows_of(at), mask=at < 0))
+
     def payloads(self, batch_payloads: pa.Array, at: np.ndarray) -> pa.Array:
         """The codec bytes of the records at ``at``: ``batch_payloads`` are the side's
-        payloads in the batch."""
-        every = pa.concat_arrays([self.payloads_held, batch_payloads.take(self.batch_rows)])
-        return every.take(at)
+        payloads in the batch (row ``i`` of its table)."""
+        return pa.concat_arrays([self.payloads_held, batch_payloads]).take(self.rows_of(at))
 
 
 def read_held(maps: KeyedMaps, keys: np.ndarray, schema: pa.Schema, shape: str) -> Side | None:

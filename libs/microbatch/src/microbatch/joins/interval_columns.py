@@ -62,8 +62,8 @@ def join_on_columns(join: IntervalJoin, batch: KeyedBatch) -> Handled | None:
         return None
     taken = ~skip
     both = (
-        Side.of(held_left, taken, tables[LEFT], keys_of[LEFT], times[LEFT]),
-        Side.of(held_right, taken, tables[RIGHT], keys_of[RIGHT], times[RIGHT]),
+        Side.of_records(held_left, taken, tables[LEFT], keys_of[LEFT], times[LEFT]),
+        Side.of_records(held_right, taken, tables[RIGHT], keys_of[RIGHT], times[RIGHT]),
     )
     pairs = _pairs(join, *both)
     if pairs is None:
@@ -91,10 +91,8 @@ def join_on_columns(join: IntervalJoin, batch: KeyedBatch) -> Handled | None:
     order = np.concatenate(out_order, axis=1)
     emitted = np.lexsort(order[::-1])
     lefts, rights = np.concatenate(out_l)[emitted], np.concatenate(out_r)[emitted]
-    columns = [both[LEFT].rows.column(f).take(pa.array(lefts, mask=lefts < 0))
-               for _, f in select.left]  # fmt: skip
-    columns += [both[RIGHT].rows.column(f).take(pa.array(rights, mask=rights < 0))
-                for _, f in select.right]  # fmt: skip
+    columns = [both[LEFT].column(f, lefts) for _, f in select.left]
+    columns += [both[RIGHT].column(f, rights) for _, f in select.right]
     for side in (LEFT, RIGHT):
         _write(join, batch, side, both[side], final[side], closes_by)
     return Handled(taken, {}, pa.table(columns, names=select.names), order[0][emitted])
@@ -108,7 +106,7 @@ def _expiry(join: IntervalJoin, side: int, times: np.ndarray) -> np.ndarray:
 def _list_place(s: Side, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where records ``at`` of side ``s`` are in their time's list: held ones first (1
     for a new one), by their place in it; then the batch's, by their position."""
-    new = at >= s.held
+    new = s.is_new(at)
     place = np.empty(len(at), dtype=np.int64)
     place[~new] = s.slots[at[~new]]
     place[new] = s.batch_rows[at[new] - s.held]

@@ -143,8 +143,8 @@ class TemporalJoin(JoinFunction):
         np.maximum.at(in_force, stored.keys[at_horizon], stored.times[at_horizon])
         skip[right_keys[rt < in_force[right_keys]]] = True  # late: process dead-letters it
         taken = ~skip
-        versions = Side.of(stored, taken, right, right_keys, rt)
-        lefts = Side.of(waiting, taken, left, left_keys, lt)
+        versions = Side.of_records(stored, taken, right, right_keys, rt)
+        lefts = Side.of_records(waiting, taken, left, left_keys, lt)
         # Left records by key, time, then as they wait (earlier batches' first): the
         # order the timers emit them in. Those the watermark passes go out now.
         order = np.lexsort((np.arange(len(lefts.keys)), lefts.times, lefts.keys))
@@ -152,9 +152,8 @@ class TemporalJoin(JoinFunction):
         version = _newest_at(_latest(versions), lefts.keys[due], lefts.times[due])
         if self.how == "inner":
             due, version = due[version >= 0], version[version >= 0]
-        at = pa.array(version, mask=version < 0)
-        columns = [lefts.rows.column(f).take(due) for _, f in select.left]
-        columns += [versions.rows.column(f).take(at) for _, f in select.right]
+        columns = [lefts.column(f, due) for _, f in select.left]
+        columns += [versions.column(f, version) for _, f in select.right]
         self._write(batch, versions, lefts, order, watermark)
         return Handled(taken, {}, pa.table(columns, names=select.names), lefts.keys[due])
 

@@ -14,8 +14,7 @@ a timer at its end; a closed one is dropped, with its timer.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -66,64 +65,37 @@ def join_on_columns(join: WindowJoin, batch: KeyedBatch) -> Handled | None:
     for side in (LEFT, RIGHT):
         rec, start = placed[side]
         mine = taken[keys_of[side][rec]]
-        entries.append(_Entries.of(cast("Side", held[side]), rec[mine], start[mine],
-                                   keys_of[side], times[side]))  # fmt: skip
+        rec, start = rec[mine], start[mine]
+        s = Side.of(cast("Side", held[side]), taken, tables[side], rec, keys_of[side][rec], start)
+        entries.append(_Entries(s, _in_window_order(s, times[side])))
     windows = _Windows(entries, size, closes_by)
     out, (lefts, rights) = _pairs(entries, windows)
     select = cast("Fields", join.select)
-    columns: dict[str, pa.ChunkedArray] = {}
-    sides_out = (
-        (select.left, entries[LEFT], lefts, tables[LEFT]),
-        (select.right, entries[RIGHT], rights, tables[RIGHT]),
-    )
-    for picked, e, at, table in sides_out:
-        fields = list(dict.fromkeys(f for _, f in picked))
-        rows = pa.concat_tables(
-            [e.held.rows.select(fields), table.select(fields)], promote_options="default"
-        )
-        index = pa.array(e.rows(at))
-        columns |= {name: rows.column(f).take(index) for name, f in picked}
+    columns = {name: entries[LEFT].side.column(f, lefts) for name, f in select.left}
+    columns |= {name: entries[RIGHT].side.column(f, rights) for name, f in select.right}
     columns["window_start"] = pa.array(windows.starts[out])
     columns["window_end"] = pa.array(windows.starts[out] + size)
     _write(batch, entries, windows, size)
     return Handled(taken, {}, pa.table(columns), windows.keys[out])
 
 
-@dataclasses.dataclass(frozen=True)
-class _Entries:
-    """One side's entries in windows: first the records the batch's keys hold in state
-    (``held``), then the batch's, each placed in a window (``rec``: its row in the side's
-    table); each entry's key and window ``starts``; ``order``, the entries in their
-    windows' order — held ones in their list's order, then the batch's by time and
-    position, as ``process`` keeps them."""
+class _Entries(NamedTuple):
+    """One side's entries in windows (a :class:`Side` whose times are window starts; a
+    record of the batch once per window it is in) and ``order``, the entries in their
+    windows' order."""
 
-    held: Side
-    rec: np.ndarray
-    keys: np.ndarray
-    starts: np.ndarray
+    side: Side
     order: np.ndarray
 
-    @classmethod
-    def of(
-        cls, held: Side, rec: np.ndarray, starts: np.ndarray, keys_of: np.ndarray,
-        times: np.ndarray,
-    ) -> _Entries:  # fmt: skip
-        keys = np.concatenate([held.keys, keys_of[rec]])
-        starts = np.concatenate([held.times, starts])
-        first = np.concatenate([held.slots, times[rec]])
-        then = np.concatenate([np.zeros(held.held, np.int64), rec])
-        new = (np.arange(len(keys)) >= held.held).astype(np.int64)
-        return cls(held, rec, keys, starts, np.lexsort((then, first, new, starts, keys)))
 
-    def is_new(self, at: np.ndarray) -> np.ndarray:
-        return at >= self.held.held
-
-    def rows(self, at: np.ndarray) -> np.ndarray:
-        """Each entry's row in the held rows followed by the side's table."""
-        rows = at.copy()
-        new = self.is_new(at)
-        rows[new] = self.held.held + self.rec[at[new] - self.held.held]
-        return rows
+def _in_window_order(s: Side, times: np.ndarray) -> np.ndarray:
+    """The entries of ``s`` by key and window, then as ``process`` keeps them in it:
+    held ones in their list's order, then the batch's by time (``times``: each row's of
+    the side's table) and position."""
+    first = np.concatenate([s.slots, times[s.batch_rows]])
+    then = np.concatenate([np.zeros(s.held, np.int64), s.batch_rows])
+    new = s.is_new(np.arange(len(s.keys))).astype(np.int64)
+    return np.lexsort((then, first, new, s.times, s.keys))
 
 
 class _Windows:
@@ -131,7 +103,7 @@ class _Windows:
     entries of it are in that side's order: ``at[side][w]`` to ``end[side][w]``."""
 
     def __init__(self, entries: list[_Entries], size: int, closes_by: int) -> None:
-        both = [(e.keys[e.order], e.starts[e.order]) for e in entries]
+        both = [(e.side.keys[e.order], e.side.times[e.order]) for e in entries]
         keys = np.concatenate([k for k, _ in both])
         starts = np.concatenate([t for _, t in both])
         ranks = np.unique(starts)
@@ -145,7 +117,7 @@ class _Windows:
             side_ids = k * max(len(ranks), 1) + np.searchsorted(ranks, t)
             self.at.append(np.searchsorted(side_ids, unique, side="left"))
             self.end.append(np.searchsorted(side_ids, unique, side="right"))
-            is_new = e.is_new(e.order).astype(np.int64)
+            is_new = e.side.is_new(e.order).astype(np.int64)
             cum = np.r_[0, np.cumsum(is_new)]
             self.new.append(cum[self.end[-1]] - cum[self.at[-1]])
         self.count = [e - a for a, e in zip(self.at, self.end, strict=True)]
@@ -187,8 +159,8 @@ def _write(batch: KeyedBatch, entries: list[_Entries], w: _Windows, size: int) -
         if not len(grown):
             continue
         at = np.concatenate([e.order[w.at[side][g] : w.end[side][g]] for g in grown])
-        every = pa.concat_arrays([e.held.payloads_held, batch.columns.payloads(side)])
-        lists = lists_of(every.take(pa.array(e.rows(at))), w.count[side][grown])
+        payloads = e.side.payloads(batch.columns.payloads(side), at)
+        lists = lists_of(payloads, w.count[side][grown])
         batch.map(SIDES[side]).put_many_encoded(
             w.keys[grown].tolist(), w.starts[grown].tolist(), lists
         )
